@@ -1,0 +1,2 @@
+"""`nandoctor run`: placeholder until the runner lands."""
+from nandoctor.cli import app

@@ -1,0 +1,125 @@
+"""Configuration: a YAML file merged over the defaults into one frozen object.
+
+The defaults below are the single source; `configs/default.yaml` is the same text for users
+to copy (a test keeps the two equal). A user file only lists what it changes. Unknown keys
+and values of the wrong type are errors, so a typo never silently does nothing.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from nandoctor.errors import ConfigError
+
+DEFAULTS: dict[str, Any] = {
+    "run": {
+        # trace: check every op; watch: check at step boundaries, re-run the bad step under trace.
+        "mode": "trace",
+        # dtypes in which any Inf stops the run at once (elsewhere an Inf is only a suspect
+        # until it reaches the loss, a gradient, a parameter or optimizer state).
+        "stop_on_inf_dtypes": ["float16"],
+        # check batches as they come out of a DataLoader.
+        "check_batches": True,
+        # stop after this many optimizer steps (0: never), making any script a smoke test.
+        "max_steps": 0,
+        # steps of loss / gradient-norm history kept for the exploding-gradient rule.
+        "history": 64,
+        # lines of source shown around the culprit line in the terminal report.
+        "context_lines": 2,
+    },
+    "check_data": {
+        # which checks fail the command (exit 3); the others are printed as warnings.
+        "errors": ["nan", "inf", "empty", "unreadable", "label_range"],
+        "warnings": ["constant", "fp16_range"],
+        # positions listed per problem.
+        "max_positions": 5,
+        # files checked in parallel (0: one per core).
+        "workers": 0,
+    },
+    "ci": {
+        # GitHub annotations printed at most (one per problem file for check-data).
+        "max_annotations": 10,
+    },
+}
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class Config:
+    """The merged configuration; sections are read-only mappings (`config.run["mode"]`)."""
+
+    run: Mapping[str, Any]
+    check_data: Mapping[str, Any]
+    ci: Mapping[str, Any]
+    source: str = "defaults"
+
+    def with_overrides(self, section: str, **values: Any) -> "Config":
+        """A copy with some keys of one section replaced (used for command-line options)."""
+        merged = {k: dict(v) for k, v in self.as_dict().items()}
+        merged[section].update({k: v for k, v in values.items() if v is not None})
+        return _build(merged, self.source)
+
+    def as_dict(self) -> dict[str, Any]:
+        def thaw(v: Any) -> Any:
+            if isinstance(v, Mapping):
+                return {k: thaw(x) for k, x in v.items()}
+            if isinstance(v, tuple):
+                return [thaw(x) for x in v]
+            return v
+
+        return {"run": thaw(self.run), "check_data": thaw(self.check_data), "ci": thaw(self.ci)}
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any], where: str) -> None:
+    for key, value in override.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in base:
+            raise ConfigError(f"unknown setting '{path}' (known: {', '.join(sorted(base))})")
+        default = base[key]
+        if isinstance(default, dict):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"'{path}' must be a mapping")
+            _merge(default, value, path)
+        elif isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, type(default)):
+            raise ConfigError(f"'{path}' must be {type(default).__name__}, got {value!r}")
+        else:
+            base[key] = value
+
+
+def _build(merged: dict[str, Any], source: str) -> Config:
+    return Config(source=source, **{k: _frozen(v) for k, v in merged.items()})
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """The defaults, with the YAML file at `path` merged over them when given."""
+    merged = copy.deepcopy(DEFAULTS)
+    if path is None:
+        return _build(merged, "defaults")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(f"config {path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, Mapping):
+        raise ConfigError(f"config {path} must be a mapping of sections (run, check_data, ci)")
+    _merge(merged, loaded, "")
+    return _build(merged, str(path))
