@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
+from typer.exceptions import TyperException
 
 from nandoctor.console import error_line
 from nandoctor.errors import ExitCode, NandoctorError
@@ -23,6 +23,12 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+@app.callback()
+def _group() -> None:
+    """Find the first NaN/Inf in a PyTorch training run: the op, the line, the root and the fix."""
+
+
 # Importing the command modules registers them on `app`.
 from nandoctor.cli import check_data as _check_data  # noqa: E402,F401
 from nandoctor.cli import run as _run  # noqa: E402,F401
@@ -33,12 +39,15 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         status = command.main(args=argv, prog_name="nandoctor", standalone_mode=False)
-    except click.exceptions.Exit as done:  # --help and friends
+    except typer.Exit as done:  # --help and friends
         status = done.exit_code
-    except click.ClickException as exc:  # bad option, missing argument: one line, exit 2
-        error_line(_click_message(exc))
+    except TyperException as exc:  # bad option, missing argument: one line, exit 2
+        if type(exc).__name__ == "NoArgsIsHelpError" and getattr(exc, "ctx", None) is not None:
+            print(exc.ctx.get_help())
+        else:
+            error_line(_usage_message(exc))
         status = ExitCode.USAGE
-    except click.exceptions.Abort:
+    except typer.Abort:
         status = ExitCode.INTERRUPTED
     except NandoctorError as exc:
         error_line(str(exc))
@@ -46,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(int(status or 0))
 
 
-def _click_message(exc: click.ClickException) -> str:
+def _usage_message(exc: TyperException) -> str:
     message = exc.format_message()
     ctx = getattr(exc, "ctx", None)
     if ctx is not None:

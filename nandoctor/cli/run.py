@@ -1,2 +1,57 @@
-"""`nandoctor run`: placeholder until the runner lands."""
+"""`nandoctor run [OPTIONS] SCRIPT [ARGS]...` and `nandoctor run [OPTIONS] -m MODULE [ARGS]...`"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
 from nandoctor.cli import app
+from nandoctor.config import load_config
+from nandoctor.errors import UsageError
+from nandoctor import session
+from nandoctor.report import json_report, terminal
+
+# Everything after SCRIPT belongs to the script: stop parsing options at the first
+# positional, and keep unknown options (`--lr`) for it instead of failing on them.
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
+
+MODES = ("trace", "watch")
+
+
+@app.command("run", context_settings=_PASSTHROUGH)
+def run_command(
+    ctx: typer.Context,
+    script: Optional[str] = typer.Argument(None, metavar="SCRIPT", help="The training script, as you would give it to python."),
+    module: Optional[str] = typer.Option(None, "-m", "--module", help="Run a module, like `python -m MODULE`."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here (also when nothing is found)."),
+    config_path: Optional[Path] = typer.Option(None, "--config", help="YAML settings merged over the defaults."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="trace: check every op (default). watch: check at step boundaries."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop cleanly after N optimizer steps."),
+) -> int:
+    """Run a training script exactly as python would and stop at the first NaN/Inf.
+
+    Every nandoctor option comes before SCRIPT; everything after it is the script's.
+    """
+    target, args, as_module = _target(script, module, ctx.args)
+    config = load_config(config_path).with_overrides("run", mode=mode, max_steps=max_steps)
+    if config.run["mode"] not in MODES:
+        raise UsageError(f"unknown mode '{config.run['mode']}' (choose from {', '.join(MODES)})")
+    if json_path is not None:
+        json_report.check_writable(json_path)
+    request = session.RunRequest(target, args, as_module, config)
+    runner = session.prepare(request)
+    report = session.run_traced(request, runner)
+    terminal.print_report(report, context_lines=config.run["context_lines"])
+    if json_path is not None:
+        json_report.write_json(json_report.render_json(report), json_path)
+    return report.exit_code
+
+
+def _target(script: str | None, module: str | None, extra: list[str]) -> tuple[str, list[str], bool]:
+    if module is not None:
+        # With -m, what click took for SCRIPT is the module's first argument.
+        return module, ([script] if script is not None else []) + list(extra), True
+    if script is None:
+        raise UsageError("missing SCRIPT (or -m MODULE) to run")
+    return script, list(extra), False

@@ -1,0 +1,81 @@
+"""The data report: plain data that the scanner fills and the renderers read.
+
+Nothing here imports numpy or torch, so the renderers stay light. `to_dict` gives the
+contract's `nandoctor.data/1` shape; fields beyond the contract's are additions, never renames.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+SCHEMA = "nandoctor.data/1"
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclass
+class Problem:
+    """One finding: which file, which array in it, which check, how many, and where."""
+
+    file: str
+    key: str | None
+    check: str
+    count: int
+    detail: str
+    positions: list[tuple[int, ...]] = field(default_factory=list)
+    severity: str = ERROR
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "key": self.key,
+            "check": self.check,
+            "count": int(self.count),
+            "detail": self.detail,
+            "severity": self.severity,
+            "positions": [list(p) for p in self.positions],
+        }
+
+
+@dataclass
+class DataReport:
+    files_scanned: int = 0
+    files_skipped: int = 0  # files with an extension no reader knows: not problems
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == WARNING]
+
+    @property
+    def status(self) -> str:
+        # Follows the exit status: warnings alone (constant, fp16_range) leave the data "clean".
+        return "problems" if self.errors else "clean"
+
+    def files_with_problems(self) -> list[str]:
+        return list(dict.fromkeys(p.file for p in self.problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "status": self.status,
+            "files_scanned": self.files_scanned,
+            "files_skipped": self.files_skipped,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+def apply_severity(problems: Iterable[Problem], error_checks: Sequence[str]) -> list[Problem]:
+    """Mark each problem error or warning from the config's `check_data.errors` list."""
+    marked = []
+    for problem in problems:
+        problem.severity = ERROR if problem.check in error_checks else WARNING
+        marked.append(problem)
+    return marked

@@ -1,0 +1,555 @@
+"""One reader per file format, registered by extension in `READERS`.
+
+Each reader opens its file with the library made for the format and hands every numeric
+array (or column) to the checks, chunk by chunk. Optional libraries (Pillow, safetensors,
+pyarrow, h5py: the `nandoctor[data]` extra) are imported only when a file needs them; when
+one is missing the file gets a `not_checked` problem instead of a crash.
+
+Anything that can hold pickled code is read so that the code cannot run: `.npy`/`.npz`
+without `allow_pickle`, `.pt` only through `torch.load(weights_only=True)`.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from nandoctor.datacheck.checks import (
+    ArrayChecker,
+    CheckOptions,
+    Finding,
+    check_array,
+    is_checkable,
+    looks_like_label,
+    row_chunks,
+)
+from nandoctor.datacheck.model import Problem
+
+INSTALL_HINT = "pip install 'nandoctor[data]'"
+
+
+class MissingLibrary(Exception):
+    """An optional reader library is not installed: the file is reported `not_checked`."""
+
+
+class Unreadable(Exception):
+    """The file cannot be read safely or at all; the message is the problem's detail."""
+
+
+@dataclass
+class FileContext:
+    """What a reader gets: the file, the options, and where findings go."""
+
+    path: str  # as the user gave it, used both to open and to report
+    options: CheckOptions = CheckOptions()
+    on_bytes: Callable[[int], None] | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, key: str | None, findings: list[Finding]) -> None:
+        for f in findings:
+            self.problems.append(Problem(self.path, key, f.check, f.count, f.detail, f.positions))
+
+    def problem(self, key: str | None, check: str, detail: str, count: int = 1) -> None:
+        self.problems.append(Problem(self.path, key, check, count, detail))
+
+    def check_numpy(self, key: str | None, array: np.ndarray, *, label_name: str | None = None,
+                    allow_constant: bool = True) -> None:
+        if not is_checkable(array.dtype):
+            return
+        self.add(key, check_array(array, options=self.options, on_bytes=self.on_bytes,
+                                  is_label=looks_like_label(label_name or key),
+                                  allow_constant=allow_constant))
+
+    def check_rows(self, key: str | None, read_rows, shape, dtype: np.dtype, *,
+                   allow_constant: bool = True) -> None:
+        """Check a source that is read by slicing along axis 0 (HDF5, safetensors)."""
+        checker = ArrayChecker(shape, dtype, options=self.options, is_label=looks_like_label(key),
+                               allow_constant=allow_constant)
+        for chunk, offset in row_chunks(read_rows, shape, dtype.itemsize, self.options.chunk_bytes):
+            checker.feed(chunk, offset)
+            if self.on_bytes is not None:
+                self.on_bytes(chunk.nbytes)
+        self.add(key, checker.findings())
+
+
+Reader = Callable[[FileContext], None]
+READERS: dict[str, Reader] = {}
+
+
+def reader(*extensions: str) -> Callable[[Reader], Reader]:
+    def register(fn: Reader) -> Reader:
+        for ext in extensions:
+            if ext in READERS:
+                raise ValueError(f"two readers for {ext}")
+            READERS[ext] = fn
+        return fn
+    return register
+
+
+def reader_for(path: str) -> Reader | None:
+    return READERS.get(os.path.splitext(path)[1].lower())
+
+
+def optional(module: str, package: str) -> Any:
+    """Import an optional reader library, or raise MissingLibrary naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingLibrary(f"{package} is not installed, so this file was not checked: "
+                             f"{INSTALL_HINT}") from None
+
+
+# ---- numpy ------------------------------------------------------------------------------
+
+
+@reader(".npy")
+def read_npy(ctx: FileContext) -> None:
+    try:
+        # mmap: the checks walk the file in chunks, so memory stays bounded for any size.
+        array = np.load(ctx.path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise Unreadable(_numpy_refusal(exc)) from None
+    stem = os.path.splitext(os.path.basename(ctx.path))[0]
+    _check_numpy_or_fields(ctx, None, array, label_name=stem)
+
+
+def _check_numpy_or_fields(ctx: FileContext, key: str | None, array: np.ndarray, label_name: str | None) -> None:
+    if array.dtype.fields is None:
+        ctx.check_numpy(key, array, label_name=label_name)
+        return
+    for name in array.dtype.names:  # a record array: each field is its own array
+        ctx.check_numpy(f"{key}.{name}" if key else name, array[name], label_name=name)
+
+
+def _numpy_refusal(exc: Exception) -> str:
+    text = str(exc)
+    if "allow_pickle" in text:
+        return "holds pickled Python objects (object dtype); not loaded, since unpickling can run code"
+    return f"not a valid .npy array: {text}"
+
+
+@reader(".npz")
+def read_npz(ctx: FileContext) -> None:
+    try:
+        archive = zipfile.ZipFile(ctx.path)
+    except zipfile.BadZipFile as exc:
+        raise Unreadable(f"not a valid .npz (zip) archive: {exc}") from None
+    with archive:
+        members = [m for m in archive.infolist() if not m.is_dir()]
+        if not members:
+            ctx.problem(None, "empty", "the archive holds no arrays")
+        for member in members:
+            key = member.filename[:-4] if member.filename.endswith(".npy") else member.filename
+            try:
+                _check_npz_member(ctx, archive, member, key)
+            except Exception as exc:  # a bad member must not hide the others
+                ctx.problem(key, "unreadable", f"member cannot be read: {_one_line(exc)}")
+
+
+def _check_npz_member(ctx: FileContext, archive: zipfile.ZipFile, member: zipfile.ZipInfo, key: str) -> None:
+    """Stream one member: numpy's own header reader, then the data in chunks (no full load)."""
+    fmt = np.lib.format
+    with archive.open(member) as stream:
+        version = fmt.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(stream)
+        else:
+            shape = None
+        if shape is not None and dtype.hasobject:
+            raise Unreadable(_numpy_refusal(ValueError("allow_pickle")))
+        if shape is None or dtype.fields is not None:
+            stream.close()
+            with archive.open(member) as again:  # rare layouts: let numpy read it whole
+                _check_numpy_or_fields(ctx, key, np.load(again, allow_pickle=False), label_name=key)
+            return
+        if not is_checkable(dtype):
+            return
+        checker = ArrayChecker(shape, dtype, order="F" if fortran else "C", options=ctx.options,
+                               is_label=looks_like_label(key))
+        for chunk, offset in _stream_chunks(stream, dtype, int(np.prod(shape, dtype=np.int64)), ctx.options.chunk_bytes):
+            checker.feed(chunk, offset)
+            if ctx.on_bytes is not None:
+                ctx.on_bytes(chunk.nbytes)
+        ctx.add(key, checker.findings())
+
+
+def _stream_chunks(stream, dtype: np.dtype, count: int, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
+    per_chunk = max(1, chunk_bytes // dtype.itemsize)
+    done = 0
+    while done < count:
+        want = min(per_chunk, count - done)
+        data = stream.read(want * dtype.itemsize)
+        if len(data) < want * dtype.itemsize:
+            raise Unreadable(f"truncated: {count - done:,} of {count:,} values missing")
+        yield np.frombuffer(data, dtype=dtype), done
+        done += want
+
+
+# ---- torch ------------------------------------------------------------------------------
+
+
+@reader(".pt", ".pth")
+def read_torch(ctx: FileContext) -> None:
+    import pickle
+
+    import torch
+
+    try:
+        obj = _torch_load(torch, ctx.path)
+    except pickle.UnpicklingError as exc:
+        raise Unreadable(_weights_only_refusal(exc)) from None
+    except (RuntimeError, EOFError, ValueError) as exc:
+        raise Unreadable(f"torch.load failed: {_one_line(exc)}") from None
+    leaves = 0
+    for key, value in iter_leaves(obj):
+        leaves += 1
+        check_leaf(ctx, key, value, weights_file=True)
+    if leaves == 0:
+        ctx.problem(None, "empty", "the file holds no tensors or numbers")
+
+
+def _torch_load(torch, path: str):
+    # weights_only=True: only tensors, containers and plain values are rebuilt; any other
+    # pickled object is refused before it is created, so nothing in the file runs.
+    # mmap=True keeps big checkpoints out of memory; old (non-zip) files do not support it.
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except RuntimeError as exc:
+        if "mmap" not in str(exc):
+            raise
+        return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def _weights_only_refusal(exc: Exception) -> str:
+    text = str(exc)
+    culprit = next((line.strip() for line in text.splitlines() if "Unsupported" in line or "GLOBAL" in line), "")
+    culprit = culprit.split(" Please")[0] if culprit else "it is not a plain tensor checkpoint"
+    return (f"refused by torch.load(weights_only=True): {culprit}. Nothing in it was run; "
+            f"load it yourself only if you trust its source")
+
+
+def iter_leaves(obj: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, leaf) for the tensors, arrays and numbers in nested dicts/lists/tuples.
+
+    The path reads like Python: `['model']['w']`, `[1]`, `['layers'][0]`.
+    """
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from iter_leaves(v, f"{key}[{k!r}]")
+    elif isinstance(obj, (list, tuple)) and not _is_namedtuple_size(obj):
+        for i, v in enumerate(obj):
+            yield from iter_leaves(v, f"{key}[{i}]")
+    elif _as_array(obj) is not None:
+        yield key, obj
+
+
+def _is_namedtuple_size(obj: Any) -> bool:
+    # torch.Size is a tuple of ints that describes a shape, not data.
+    return type(obj).__name__ == "Size"
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    """A numpy view of a leaf worth checking, or None (strings, None, dtypes, ...)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (bool, int, float, complex, np.number, np.bool_)):
+        return np.asarray(value)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return tensor_to_numpy(value)
+    if hasattr(value, "__array_interface__"):  # PIL images and other array-likes
+        return np.asarray(value)
+    return None
+
+
+def tensor_to_numpy(tensor) -> np.ndarray | None:
+    import torch
+
+    if tensor.is_sparse or tensor.is_quantized or tensor.is_meta:
+        return None
+    tensor = tensor.detach().cpu()
+    if tensor.dtype in (torch.bfloat16,) or "float8" in str(tensor.dtype):
+        tensor = tensor.float()  # numpy has no such dtype; float32 holds every value exactly
+    elif tensor.dtype == torch.complex32:
+        tensor = tensor.to(torch.complex64)
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError):
+        return None
+
+
+def check_leaf(ctx: FileContext, key: str, value: Any, *, weights_file: bool = False) -> None:
+    array = _as_array(value)
+    if array is None:
+        return
+    # In a checkpoint, 1-D constants are biases, norm scales and running stats at their
+    # initial values: normal, so `constant` is only asked of 2-D and larger tensors there.
+    allow_constant = not (weights_file and array.ndim <= 1)
+    ctx.check_numpy(key or None, array, allow_constant=allow_constant)
+
+
+# ---- safetensors ------------------------------------------------------------------------
+
+
+@reader(".safetensors")
+def read_safetensors(ctx: FileContext) -> None:
+    optional("safetensors", "safetensors")
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(ctx.path, framework="pt", device="cpu")
+    except Exception as exc:  # safetensors raises its own SafetensorError for a bad header
+        raise Unreadable(f"not a valid safetensors file: {_one_line(exc)}") from None
+    with handle:
+        names = list(handle.keys())
+        if not names:
+            ctx.problem(None, "empty", "the file holds no tensors")
+        for name in names:
+            _check_safetensor(ctx, handle, name)
+
+
+def _check_safetensor(ctx: FileContext, handle, name: str) -> None:
+    sliced = handle.get_slice(name)
+    shape = tuple(sliced.get_shape())
+    if len(shape) == 0:
+        check_leaf(ctx, name, handle.get_tensor(name), weights_file=True)
+        return
+
+    def read_rows(start, stop):
+        return tensor_to_numpy(sliced[start:stop])
+
+    probe = tensor_to_numpy(sliced[0:0])
+    if probe is None or not is_checkable(probe.dtype):
+        return
+    ctx.check_rows(name, read_rows, shape, probe.dtype, allow_constant=len(shape) > 1)
+
+
+# ---- images -----------------------------------------------------------------------------
+
+
+@reader(".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+def read_image(ctx: FileContext) -> None:
+    optional("PIL", "Pillow")
+    from PIL import Image, ImageSequence, UnidentifiedImageError
+
+    try:
+        with Image.open(ctx.path) as image:
+            frames = getattr(image, "n_frames", 1)
+            for index, frame in enumerate(ImageSequence.Iterator(image)):
+                frame.load()  # decode everything: a truncated file fails here, not later
+                key = f"frame {index}" if frames > 1 else None
+                ctx.check_numpy(key, _image_array(frame))
+    except UnidentifiedImageError:
+        raise Unreadable("not an image Pillow can identify (corrupt or wrong extension)") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise Unreadable(f"image cannot be decoded: {_one_line(exc)}") from None
+
+
+def _image_array(frame) -> np.ndarray:
+    return np.asarray(frame)
+
+
+# ---- tables -----------------------------------------------------------------------------
+
+
+@reader(".csv", ".tsv")
+def read_csv(ctx: FileContext) -> None:
+    delimiter = "\t" if ctx.path.lower().endswith(".tsv") else ","
+    try:
+        importlib.import_module("pyarrow.csv")
+    except ImportError:
+        _read_csv_stdlib(ctx, delimiter)
+        return
+    _read_csv_arrow(ctx, delimiter)
+
+
+def _read_csv_arrow(ctx: FileContext, delimiter: str) -> None:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    parse = pacsv.ParseOptions(delimiter=delimiter)
+    try:
+        _check_batches(ctx, pacsv.open_csv(ctx.path, parse_options=parse))
+    except pa.ArrowInvalid as exc:
+        if "conversion error" not in str(exc):
+            raise Unreadable(f"not a valid table: {_one_line(exc)}") from None
+        # The streaming reader guesses column types from the first block; a later block
+        # that disagrees (1.5 in a column of ints) is read again with ints widened to float.
+        ctx.problems.clear()
+        _check_batches(ctx, pacsv.open_csv(ctx.path, parse_options=parse,
+                                           convert_options=_widened_types(ctx.path, parse)))
+
+
+def _widened_types(path: str, parse):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    schema = pacsv.open_csv(path, parse_options=parse).schema
+    types = {f.name: pa.float64() for f in schema if pa.types.is_integer(f.type)}
+    return pacsv.ConvertOptions(column_types=types)
+
+
+def _check_batches(ctx: FileContext, batches) -> None:
+    """Check each numeric column of a stream of record batches with one checker per column."""
+    schema = batches.schema
+    checkers = {f.name: ArrayChecker(None, _numpy_dtype(f.type), options=ctx.options,
+                                     is_label=looks_like_label(f.name))
+                for f in schema if _numpy_dtype(f.type) is not None}
+    rows = 0
+    for batch in batches:
+        for name, checker in checkers.items():
+            _feed_column(checker, batch.column(schema.get_field_index(name)), rows)
+        rows += batch.num_rows
+        if ctx.on_bytes is not None:
+            ctx.on_bytes(batch.nbytes)
+    if rows == 0:
+        ctx.problem(None, "empty", f"the table has {len(schema)} columns and no rows")
+        return
+    for name, checker in checkers.items():
+        ctx.add(name, checker.findings())
+
+
+def _numpy_dtype(arrow_type) -> np.dtype | None:
+    import pyarrow as pa
+
+    if pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
+        return np.dtype(arrow_type.to_pandas_dtype())
+    return None
+
+
+def _feed_column(checker: ArrayChecker, column, row_offset: int) -> None:
+    if column.null_count:
+        # Missing cells become NaN wherever the table is loaded (pandas, to_numpy): count them as NaN.
+        checker.feed_missing(column.null_count)
+        values = column.cast("float64").to_numpy(zero_copy_only=False)
+    else:
+        values = column.to_numpy(zero_copy_only=False)
+    checker.feed(np.ascontiguousarray(values), row_offset)
+
+
+def _read_csv_stdlib(ctx: FileContext, delimiter: str) -> None:
+    """Fallback without pyarrow: the csv module, one float conversion per cell."""
+    import csv
+
+    with open(ctx.path, newline="", encoding="utf-8", errors="replace") as handle:
+        rows = csv.reader(handle, delimiter=delimiter)
+        header = next(rows, None)
+        if header is None:
+            ctx.problem(None, "empty", "the table has no header and no rows")
+            return
+        columns: list[list[float]] = [[] for _ in header]
+        numeric = [True] * len(header)
+        count = 0
+        for row in rows:
+            count += 1
+            for i, cell in enumerate(row[:len(header)]):
+                if numeric[i]:
+                    numeric[i] = _append_float(columns[i], cell)
+    if count == 0:
+        ctx.problem(None, "empty", f"the table has {len(header)} columns and no rows")
+        return
+    for name, values, ok in zip(header, columns, numeric):
+        if ok and values:
+            ctx.check_numpy(name, np.asarray(values, dtype=np.float64))
+
+
+def _append_float(values: list[float], cell: str) -> bool:
+    text = cell.strip()
+    try:
+        values.append(float(text) if text and text.upper() not in ("NA", "N/A", "NULL") else float("nan"))
+        return True
+    except ValueError:
+        return False
+
+
+@reader(".parquet")
+def read_parquet(ctx: FileContext) -> None:
+    optional("pyarrow", "pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(ctx.path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise Unreadable(f"not a valid parquet file: {_one_line(exc)}") from None
+    with parquet:
+        _check_batches(ctx, _BatchStream(parquet.schema_arrow, parquet.iter_batches(batch_size=65536)))
+
+
+@reader(".feather", ".arrow", ".ipc")
+def read_arrow(ctx: FileContext) -> None:
+    optional("pyarrow", "pyarrow")
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    with pa.memory_map(ctx.path, "r") as source:
+        try:
+            reader_ = ipc.open_file(source)
+            batches = _BatchStream(reader_.schema, (reader_.get_batch(i) for i in range(reader_.num_record_batches)))
+        except pa.ArrowInvalid:
+            source.seek(0)
+            try:
+                batches = ipc.open_stream(source)  # the Arrow streaming format
+            except pa.ArrowInvalid as exc:
+                raise Unreadable(f"not an Arrow/Feather v2 file: {_one_line(exc)}") from None
+        _check_batches(ctx, batches)
+
+
+@dataclass
+class _BatchStream:
+    schema: Any
+    batches: Any
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+# ---- HDF5 -------------------------------------------------------------------------------
+
+
+@reader(".h5", ".hdf5")
+def read_hdf5(ctx: FileContext) -> None:
+    h5py = optional("h5py", "h5py")
+    try:
+        handle = h5py.File(ctx.path, "r")
+    except OSError as exc:
+        raise Unreadable(f"not a valid HDF5 file: {_one_line(exc)}") from None
+    with handle:
+        datasets: list[Any] = []
+        handle.visititems(lambda name, obj: datasets.append(obj) if isinstance(obj, h5py.Dataset) else None)
+        if not datasets:
+            ctx.problem(None, "empty", "the file holds no datasets")
+        for dataset in datasets:
+            try:
+                _check_h5_dataset(ctx, dataset)
+            except Exception as exc:  # one broken dataset must not hide the others
+                ctx.problem(dataset.name, "unreadable", f"dataset cannot be read: {_one_line(exc)}")
+
+
+def _check_h5_dataset(ctx: FileContext, dataset) -> None:
+    if not is_checkable(dataset.dtype):
+        return
+    if dataset.shape is None:  # an HDF5 "null" dataspace: no data at all
+        ctx.problem(dataset.name, "empty", "dataset has a null dataspace")
+        return
+
+    def read_rows(start, stop):
+        return dataset[()] if start is None else dataset[start:stop]
+
+    ctx.check_rows(dataset.name, read_rows, dataset.shape, dataset.dtype)
+
+
+# ---- helpers ----------------------------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 200 else text[:197] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

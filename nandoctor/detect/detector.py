@@ -1,0 +1,402 @@
+"""The detector: the public context manager around a running script.
+
+It owns the state (records of non-finite tensors, provenance, phase, step, history),
+installs the hooks where training shows itself, and decides — on the rare path only —
+when a non-finite value is a verdict (stop) or a suspect (remember, keep going):
+
+1. A NaN made in forward, optimizer or data loading stops the run at once.
+2. An Inf is a suspect: it stops the run when it reaches the loss (`backward()`), a
+   gradient, a parameter or optimizer state, or when its dtype is listed in
+   `stop_on_inf_dtypes` (float16 by default).
+3. Inside backward, NaN and Inf are suspects too: autograd formulas make Inf and mask it
+   (atan2 at the origin, norm at zero). What counts is a gradient still non-finite when
+   `backward()` returns.
+4. `empty*` results and values written on purpose (`masked_fill(mask, -inf)`) never stop it.
+
+When it stops, it raises `NonFiniteFound` (a BaseException, so a script's `except
+Exception` cannot swallow it) and `result()` gives the event, the root and the lineage.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from nandoctor.detect import hooks
+from nandoctor.detect.mode import CheckingMode
+from nandoctor.detect.ops import op_name
+from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
+from nandoctor.detect.records import Record, RecordTable
+from nandoctor.report.model import History, OpSite
+from nandoctor.stats import summarize
+
+
+class NonFiniteFound(BaseException):
+    """Raised into the script to stop it at the first non-finite value."""
+
+
+class StepLimitReached(BaseException):
+    """Raised into the script after `max_steps` optimizer steps (a clean, deliberate stop)."""
+
+
+@dataclass
+class Detection:
+    event: OpSite
+    root: OpSite
+    lineage: list[OpSite]
+    root_record: Record
+    event_record: Record
+
+
+@dataclass
+class _StepHistory:
+    size: int
+    steps: list[int] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+    grad_norm: list[float | None] = field(default_factory=list)
+
+    def add(self, step: int, loss: float | None, grad_norm: float | None) -> None:
+        self.steps.append(step)
+        self.loss.append(loss)
+        self.grad_norm.append(grad_norm)
+        if len(self.steps) > self.size:
+            del self.steps[0], self.loss[0], self.grad_norm[0]
+
+    def as_report(self) -> History:
+        return History(list(self.steps), list(self.loss), list(self.grad_norm))
+
+
+class Detector:
+    """`with Detector(settings): run the script` — see the module docstring."""
+
+    def __init__(self, run_settings, locator: SourceLocator | None = None) -> None:
+        self.settings = run_settings
+        self.stop_inf_dtypes = {getattr(torch, name) for name in run_settings.get("stop_on_inf_dtypes", ())}
+        self.max_steps = int(run_settings.get("max_steps", 0) or 0)
+        self.locator = locator or SourceLocator()
+        self.modules = ModuleTracker()
+        self.sites = NodeSites()
+        self.records = RecordTable()
+        self.forward_nonfinite_by_node: dict[int, Record] = {}
+        self.mode = CheckingMode(self)
+        self.passive = False  # True while nandoctor runs its own ops, and after a stop
+        self.step = 0
+        self.optimizer_seen = False
+        self.training_started = False
+        self.in_optimizer = False
+        self.data_depth = 0
+        self.history = _StepHistory(int(run_settings.get("history", 64)))
+        self._pending_loss: float | None = None
+        self._pending_grad_norm: float | None = None
+        self.detection: Detection | None = None
+        self._hooks = hooks.TrainingHooks(self)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> "Detector":
+        self.modules.install()
+        self._hooks.install()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.passive = True
+        self.mode.__exit__(None, None, None)
+        self._hooks.uninstall()
+        self.modules.uninstall()
+
+    class _Internal:
+        def __init__(self, detector: "Detector") -> None:
+            self.detector = detector
+
+        def __enter__(self):
+            self.was = self.detector.passive
+            self.detector.passive = True
+
+        def __exit__(self, *exc):
+            self.detector.passive = self.was
+
+    def internal(self) -> "_Internal":
+        """Run nandoctor's own tensor ops without checking them."""
+        return Detector._Internal(self)
+
+    # -- the phase ---------------------------------------------------------------------
+
+    def phase(self, node, args) -> str:
+        if node is not None:
+            return "backward"
+        if self.in_optimizer:
+            return "optimizer"
+        if self.data_depth:
+            return "data"
+        if not self.training_started and not _builds_graph(args):
+            return "init"
+        return "forward"
+
+    # -- the rare path: an op made a non-finite value ------------------------------------
+
+    def on_nonfinite(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool = False) -> None:
+        with self.internal():
+            if torch.isfinite(out).all():  # the cheap check's sum overflowed; the values are fine
+                if self.records:
+                    self.records.forget(out)
+                return
+            record = self._record_op(func, args, kwargs, out, node, created_seq, intended)
+        self.records.put(out, record)
+        if record.phase == "backward" or intended:
+            return
+        if record.phase == "forward" and created_seq is not None:
+            self.forward_nonfinite_by_node[created_seq] = record
+        if record.has_nan or record.phase == "optimizer" or out.dtype in self.stop_inf_dtypes:
+            self._stop(record, "NaN" if record.has_nan else "Inf")
+
+    def _record_op(self, func, args, kwargs, out, node, created_seq, intended) -> Record:
+        tensors = list(_named_tensor_args(func, args, kwargs))
+        parents, untracked = [], False
+        for _, t in tensors:
+            if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                parent = self.records.get(t)
+                if parent is None:
+                    untracked = True
+                else:
+                    parents.append(parent)
+        origin = not any(not p.intended for p in parents)
+        summary = summarize(out, "output")
+        inputs = [summarize(t, name) for name, t in tensors] if origin else []
+        phase = self.phase(node, args)
+        if node is not None:
+            seq = node._sequence_nr()
+            site = self.sites.get(seq) or (None, None)
+            where, module, node_name = site[0], site[1], type(node).__name__
+        else:
+            seq = created_seq
+            where, module, node_name = self.locator.user_frame(3), self.modules.current, None
+        from nandoctor.diagnose.facts import collect_facts  # op-specific facts (CTC lengths, ...)
+
+        return Record(
+            op=op_name(func),
+            phase=phase,
+            where=where,
+            module=module,
+            backward_node=node_name,
+            node_seq=seq,
+            step=self.step if self.optimizer_seen else None,
+            output=summary,
+            inputs=inputs,
+            parents=parents,
+            has_nan=summary.nan > 0,
+            intended=intended,
+            untracked_input=untracked,
+            facts=collect_facts(func, args, kwargs) if origin else {},
+        )
+
+    def carry(self, args, out) -> None:
+        """A view/copy/index of a recorded non-finite tensor carries its record along."""
+        source = next((self.records.get(a) for a in args if isinstance(a, torch.Tensor)), None)
+        if source is None:
+            return
+        if isinstance(out, torch.Tensor):
+            self.records.put(out, source)
+        elif isinstance(out, (tuple, list)):
+            for item in out:
+                if isinstance(item, torch.Tensor):
+                    self.records.put(item, source)
+
+    # -- training boundaries (called by hooks) -----------------------------------------
+
+    def before_backward(self, tensors) -> int:
+        """The loss reaches backward(): a non-finite loss stops the run here."""
+        self.training_started = True
+        with self.internal():
+            for t in tensors:
+                if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
+                    continue
+                if t.numel() == 1 and self._pending_loss is None:
+                    self._pending_loss = float(t.detach().item())
+                if not bool(torch.isfinite(t).all()):
+                    record = self.records.get(t) or self._bare_record("loss", t, "forward")
+                    self._stop(record, "the loss is non-finite")
+        return self._order_mark()
+
+    def after_backward(self, started_order: int) -> None:
+        """Backward finished: a gradient that is still non-finite stops the run."""
+        with self.internal():
+            for t, record in self.records.alive():
+                if record.phase == "backward" and record.order >= started_order and not bool(torch.isfinite(t).all()):
+                    self._stop(record, "a gradient is non-finite")
+            self.sites.new_generation()
+            self._forget_old_forward_records()
+            self.records.prune()
+
+    def before_optimizer_step(self, optimizer) -> None:
+        self.optimizer_seen = True
+        self.training_started = True
+        with self.internal():
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if grads:
+                norms = torch._foreach_norm(grads)
+                total = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])).item())
+                self._pending_grad_norm = total
+                if not math.isfinite(total):
+                    self._stop_on_bad_gradient(optimizer, norms)
+            self._check_parameters(optimizer)
+        self.in_optimizer = True
+
+    def after_optimizer_step(self, optimizer) -> None:
+        self.in_optimizer = False
+        self.step += 1
+        self.history.add(self.step, self._pending_loss, self._pending_grad_norm)
+        self._pending_loss = self._pending_grad_norm = None
+        if self.max_steps and self.step >= self.max_steps:
+            self.passive = True
+            raise StepLimitReached()
+
+    def data_started(self) -> None:
+        self.training_started = True
+        self.data_depth += 1
+
+    def data_finished(self) -> None:
+        self.data_depth -= 1
+
+    def check_batch(self, batch, batch_number: int, indices) -> None:
+        """A batch out of a DataLoader that is already non-finite stops the run (phase data)."""
+        with self.internal():
+            for path, t in _tensors_in(batch):
+                if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                    record = self.records.get(t) or self._bare_record("", t, "data")
+                    if record.op == "" or record.phase != "data":
+                        record.facts.update(_batch_facts(t, path, batch_number, indices))
+                    self._stop(record, f"batch {batch_number} from the DataLoader is non-finite")
+
+    # -- stopping and the result ---------------------------------------------------------
+
+    def _check_parameters(self, optimizer) -> None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                    record = self.records.get(p) or self._bare_record("", p, "init" if not self.step else "optimizer")
+                    record.facts.setdefault("parameter", _param_name(optimizer, p))
+                    record.facts.setdefault("parameter_before_step", True)
+                    self._stop(record, "a parameter is non-finite before the optimizer step")
+
+    def _stop_on_bad_gradient(self, optimizer, norms) -> None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                    record = self.records.get(p.grad) or self._bare_record("", p.grad, "backward")
+                    record.facts.setdefault("parameter", _param_name(optimizer, p))
+                    self._stop(record, "a gradient is non-finite before the optimizer step")
+
+    def _bare_record(self, op: str, t: torch.Tensor, phase: str) -> Record:
+        """A record for a non-finite tensor no op of which was seen being made."""
+        return Record(
+            op=op, phase=phase, where=self.locator.user_frame(2), module=self.modules.current,
+            backward_node=None, node_seq=None, step=self.step if self.optimizer_seen else None,
+            output=summarize(t, "value"), inputs=[], parents=[],
+            has_nan=bool(torch.isnan(t).any()), untracked_input=True,
+        )
+
+    def _order_mark(self) -> int:
+        from nandoctor.detect.records import _sequence
+
+        return next(_sequence)
+
+    def _forget_old_forward_records(self) -> None:
+        if len(self.forward_nonfinite_by_node) > 1024:
+            for key in sorted(self.forward_nonfinite_by_node)[:-512]:
+                del self.forward_nonfinite_by_node[key]
+
+    def _stop(self, event: Record, reason: str) -> None:
+        self.passive = True
+        self.detection = self._explain(event, reason)
+        raise NonFiniteFound(reason)
+
+    def _explain(self, event: Record, reason: str) -> Detection:
+        chain = [event]
+        while True:
+            parents = [p for p in chain[-1].parents if not p.intended and p not in chain]
+            if not parents:
+                break
+            chain.append(min(parents, key=lambda r: r.order))
+        root = chain[-1]
+        # A backward op whose own forward op already made an Inf (divide first, mask
+        # afterwards): the forward op is the earlier ancestor.
+        if root.phase == "backward" and root.node_seq is not None:
+            forward = self.forward_nonfinite_by_node.get(root.node_seq)
+            if forward is not None:
+                forward.facts["gradient_leak_through"] = root.backward_node
+                chain.append(forward)
+                root = forward
+        chain.reverse()
+        sites = [self._site(r) for r in chain]
+        event_site = sites[-1]
+        event_site.reason = reason
+        return Detection(event=event_site, root=sites[0], lineage=sites, root_record=root, event_record=event)
+
+    def _site(self, r: Record) -> OpSite:
+        return OpSite(
+            op=r.op, phase=r.phase, location=self.locator.location(r.where), module=r.module,
+            backward_node=r.backward_node, output=r.output, inputs=list(r.inputs), step=r.step,
+            facts=dict(r.facts, untracked_input=r.untracked_input) if r.untracked_input else dict(r.facts),
+        )
+
+    def history_report(self) -> History:
+        return self.history.as_report()
+
+
+def _builds_graph(args) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+def _named_tensor_args(func, args, kwargs):
+    """(ATen argument name, tensor) for each tensor input, lists included (`tensors[1]`)."""
+    names = [a.name for a in func._schema.arguments]
+    for i, value in enumerate(args):
+        name = names[i] if i < len(names) else f"arg{i}"
+        yield from _tensors_named(name, value)
+    for name, value in kwargs.items():
+        yield from _tensors_named(name, value)
+
+
+def _tensors_named(name: str, value: Any):
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for j, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                yield f"{name}[{j}]", item
+
+
+def _tensors_in(batch, path: str = ""):
+    """(path, tensor) for every tensor in a nested batch: `[1]`, `['mask']`, `[0][2]`."""
+    if isinstance(batch, torch.Tensor):
+        yield path or "batch", batch
+    elif isinstance(batch, dict):
+        for k, v in batch.items():
+            yield from _tensors_in(v, f"{path}[{k!r}]")
+    elif isinstance(batch, (list, tuple)):
+        for i, v in enumerate(batch):
+            yield from _tensors_in(v, f"{path}[{i}]")
+
+
+def _batch_facts(t: torch.Tensor, path: str, batch_number: int, indices) -> dict[str, Any]:
+    bad_rows = (~torch.isfinite(t)).reshape(t.shape[0], -1).any(dim=1).nonzero().flatten().tolist() if t.dim() else []
+    facts: dict[str, Any] = {"batch": batch_number, "key": path, "rows": bad_rows[:20]}
+    if indices is not None:
+        try:
+            facts["dataset_indices"] = [int(indices[i]) for i in bad_rows[:20]]
+        except (IndexError, TypeError, ValueError):
+            pass
+    return facts
+
+
+def _param_name(optimizer, p) -> str:
+    for gi, group in enumerate(optimizer.param_groups):
+        for pi, q in enumerate(group["params"]):
+            if q is p:
+                return f"param_groups[{gi}].params[{pi}] {tuple(p.shape)}"
+    return "a parameter"

@@ -1,0 +1,80 @@
+"""The points where training shows itself, hooked without touching the user's code.
+
+- `torch.autograd.backward` / `torch.autograd.grad`: the loss, and the gradients after.
+- global optimizer step pre/post hooks: the step count, the optimizer phase, parameters.
+- `_BaseDataLoaderIter.__next__`: the data phase, and each batch as it arrives (also from
+  worker processes, whose own ops nandoctor cannot see).
+
+Every patch is undone on `uninstall()`.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.utils.data.dataloader as dataloader_module
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+
+class TrainingHooks:
+    def __init__(self, detector) -> None:
+        self.detector = detector
+        self._undo: list = []
+
+    def install(self) -> None:
+        self._patch(torch.autograd, "backward", self._wrap_backward)
+        self._patch(torch.autograd, "grad", self._wrap_backward)
+        pre = register_optimizer_step_pre_hook(lambda opt, args, kwargs: self.detector.before_optimizer_step(opt))
+        post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.detector.after_optimizer_step(opt))
+        self._undo += [pre.remove, post.remove]
+        self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
+        self._patch(dataloader_module._SingleProcessDataLoaderIter, "_next_index", self._wrap_next_index)
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _patch(self, owner, name: str, wrap) -> None:
+        original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
+        setattr(owner, name, wrap(original))
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def _wrap_backward(self, original):
+        detector = self.detector
+
+        @functools.wraps(original)
+        def backward(tensors, *args, **kwargs):
+            roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+            mark = detector.before_backward(roots)
+            result = original(tensors, *args, **kwargs)
+            detector.after_backward(mark)
+            return result
+
+        return backward
+
+    def _wrap_next(self, original):
+        detector = self.detector
+
+        @functools.wraps(original)
+        def __next__(iterator):
+            detector.data_started()
+            try:
+                batch = original(iterator)
+            finally:
+                detector.data_finished()
+            number = getattr(iterator, "_nandoctor_batches", 0)
+            iterator._nandoctor_batches = number + 1
+            if detector.settings.get("check_batches", True):
+                detector.check_batch(batch, number, getattr(iterator, "_nandoctor_indices", None))
+            return batch
+
+        return __next__
+
+    def _wrap_next_index(self, original):
+        @functools.wraps(original)
+        def _next_index(iterator):
+            index = original(iterator)
+            iterator._nandoctor_indices = index  # the dataset indices of the batch being made
+            return index
+
+        return _next_index

@@ -1,0 +1,104 @@
+"""Which ATen ops the detector checks, decided once per op overload and cached.
+
+The hot path costs one dict lookup per op to learn the op's kind:
+
+- UNINITIALISED: `empty*` results are whatever was in memory; checking them gives false
+  alarms (they appear inside nn.TransformerEncoderLayer).
+- PASSTHROUGH: views, copies, indexing, concatenation, fills: they cannot turn finite
+  values into non-finite ones, so their outputs are not checked. When a non-finite tensor
+  passes through one, the detector still carries its provenance over to the output.
+- CHECKED: everything else that returns floating-point tensors.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+aten = torch.ops.aten
+
+
+class OpKind(enum.Enum):
+    CHECKED = "checked"
+    PASSTHROUGH = "passthrough"
+    FILL = "fill"  # passthrough, unless handed a non-finite scalar to write
+    UNINITIALISED = "uninitialised"
+
+
+_UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
+
+# Ops whose output holds only values that were already in their inputs (or zeros/ones):
+# moving, selecting, reshaping and gathering never create a NaN or an Inf.
+_PASSTHROUGH = {
+    "detach", "alias", "clone", "copy", "copy_", "contiguous", "lift_fresh", "lift_fresh_copy",
+    "view", "_unsafe_view", "reshape", "expand", "expand_as", "t", "transpose", "permute",
+    "squeeze", "unsqueeze", "select", "slice", "narrow", "as_strided", "unfold", "flatten",
+    "unbind", "split", "split_with_sizes", "chunk", "view_as", "movedim", "diagonal",
+    "index", "index_select", "gather", "take", "masked_select", "cat", "stack", "roll", "flip",
+    "repeat", "tile", "zeros", "zeros_like", "ones", "ones_like", "zero_", "new_zeros",
+    "new_ones", "scalar_tensor", "arange", "_to_dense", "constant_pad_nd", "tril", "triu",
+    "embedding", "embedding_dense_backward_fake", "nonzero", "topk", "sort", "max", "min",
+    "amax", "amin", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "relu", "relu_",
+    "threshold_backward", "where", "index_put", "index_put_", "scatter", "scatter_",
+    "masked_fill", "masked_fill_", "fill", "fill_", "full", "full_like", "new_full",
+    "_reshape_alias", "set_", "resize_", "_local_scalar_dense", "item", "sym_size",
+    "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
+    "dropout", "native_dropout", "bernoulli", "bernoulli_", "rand", "rand_like", "randn",
+    "randn_like", "randint", "randint_like", "uniform_", "normal_", "randperm",
+}
+
+# Fills and masked fills CAN write a non-finite value when they are told to (a -inf
+# attention mask): their output is looked at only when they were handed a non-finite
+# scalar (see `writes_nonfinite_scalar`), and such an Inf is marked as intended.
+FILL_OPS = {"full", "full_like", "new_full", "fill", "fill_", "masked_fill", "masked_fill_",
+            "scalar_tensor", "where", "index_put", "index_put_", "scatter", "scatter_",
+            "constant_pad_nd", "clamp", "clamp_min", "clamp_max", "maximum", "minimum"}
+
+_kinds: dict[object, OpKind] = {}
+
+
+def base_name(func) -> str:
+    """`aten.masked_fill_.Scalar` -> `masked_fill_`."""
+    return func._opname if hasattr(func, "_opname") else str(func).split(".")[-2]
+
+
+def op_kind(func) -> OpKind:
+    kind = _kinds.get(func)
+    if kind is None:
+        kind = _kinds[func] = _classify(func)
+    return kind
+
+
+def _classify(func) -> OpKind:
+    name = base_name(func)
+    if name in _UNINITIALISED:
+        return OpKind.UNINITIALISED
+    if name in FILL_OPS:
+        return OpKind.FILL
+    if name in _PASSTHROUGH or getattr(func, "is_view", False):
+        return OpKind.PASSTHROUGH
+    return OpKind.CHECKED
+
+
+def op_name(func) -> str:
+    """The name a user sees and the contract uses: `aten.log.default`."""
+    return str(func)
+
+
+def is_inplace(func) -> bool:
+    name = base_name(func)
+    return name.endswith("_") and not name.startswith("_") or name.startswith("_foreach_") and name.endswith("_")
+
+
+def writes_nonfinite_scalar(func, args, kwargs) -> bool:
+    """True when a fill-like op was handed a non-finite Python number (e.g. -inf for a mask)."""
+    if base_name(func) not in FILL_OPS:
+        return False
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            return True
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point():
+            v = value.item()
+            if v != v or v in (float("inf"), float("-inf")):
+                return True
+    return False

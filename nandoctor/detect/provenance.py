@@ -1,0 +1,164 @@
+"""Where an op came from: the user's source line, the running module, and for backward ops
+the forward line whose autograd node produced them.
+
+Cheap by design: the hot path stores `(code object, line, module name)` per autograd node
+and nothing else; a `Location` with the source text is only built for the report.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+import types
+import weakref
+from pathlib import Path
+
+import torch
+
+from nandoctor.report.model import Location
+
+_LIBRARY_DIRS = tuple(
+    str(Path(p).resolve()) + os.sep
+    for p in {
+        os.path.dirname(torch.__file__),  # torch itself
+        str(Path(__file__).resolve().parent.parent),  # nandoctor
+        sysconfig.get_paths()["stdlib"],  # contextlib, functools, runpy...
+    }
+)
+_SITE_PACKAGES_MARKERS = (os.sep + "typer" + os.sep, os.sep + "click" + os.sep)
+
+
+class SourceLocator:
+    """Finds the innermost frame of user code (not torch, not nandoctor, not the stdlib)."""
+
+    def __init__(self, display_root: str | None = None, main_file: str | None = None, main_display: str | None = None):
+        self._is_user: dict[types.CodeType, bool] = {}
+        self._display_root = display_root or os.getcwd()
+        self._main_file = main_file
+        self._main_display = main_display
+
+    def _user_code(self, code: types.CodeType) -> bool:
+        known = self._is_user.get(code)
+        if known is None:
+            filename = code.co_filename
+            resolved = filename if filename.startswith("<") else os.path.realpath(filename)
+            known = not (
+                resolved.startswith(_LIBRARY_DIRS)
+                or filename.startswith("<frozen")
+                or any(m in resolved for m in _SITE_PACKAGES_MARKERS)
+            )
+            self._is_user[code] = known
+        return known
+
+    def user_frame(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
+        """(code, line) of the innermost user frame above the caller; None if there is none."""
+        frame = sys._getframe(skip + 1)
+        while frame is not None:
+            code = frame.f_code
+            if self._user_code(code):
+                return code, frame.f_lineno
+            frame = frame.f_back
+        return None
+
+    def location(self, where: tuple[types.CodeType, int] | None) -> Location | None:
+        if where is None:
+            return None
+        code, line = where
+        return Location(
+            file=self.display_path(code.co_filename),
+            line=line,
+            function=code.co_name,
+            code=linecache.getline(code.co_filename, line).strip(),
+        )
+
+    def display_path(self, filename: str) -> str:
+        """The path as the user would write it: the script as typed, others relative to cwd."""
+        if self._main_file and filename == self._main_file:
+            return self._main_display or filename
+        try:
+            rel = os.path.relpath(filename, self._display_root)
+        except ValueError:
+            return filename
+        return filename if rel.startswith("..") else rel
+
+
+class ModuleTracker:
+    """Names the innermost running nn.Module from global hooks, with no reference to the model.
+
+    A module's qualified name is learnt the first time it (or a parent) runs: a parent names
+    all of its descendants (`encoder.layers.0.self_attn`); a module first seen on its own
+    is named by its class.
+    """
+
+    def __init__(self) -> None:
+        self._names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+        self._stack: list[str] = []
+        self._handles: list = []
+
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._enter),
+            nn_module.register_module_forward_hook(self._leave, always_call=True),
+        ]
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._stack.clear()
+
+    @property
+    def current(self) -> str | None:
+        return self._stack[-1] if self._stack else None
+
+    def _enter(self, module: torch.nn.Module, args) -> None:
+        name = self._names.get(module)
+        if name is None:
+            name = self._name_tree(module)
+        self._stack.append(name)
+
+    def _leave(self, module, args, output) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def _name_tree(self, root: torch.nn.Module) -> str:
+        root_name = type(root).__name__
+        for qualname, sub in root.named_modules():
+            if sub is root:
+                continue
+            self._names[sub] = f"{qualname}"
+        self._names[root] = root_name
+        return root_name
+
+
+class NodeSites:
+    """Autograd node (by sequence number) -> the forward (code, line, module) that created it.
+
+    During a forward op, autograd has already numbered the node it is building, so
+    `_get_sequence_nr() - 1` is that node's number whenever the counter moved since the
+    previous op. Two generations are kept (the graph being built and the one being
+    differentiated), so memory does not grow with the number of steps.
+    """
+
+    def __init__(self) -> None:
+        self._current: dict[int, tuple] = {}
+        self._previous: dict[int, tuple] = {}
+        self._last_seq = -1
+
+    def note(self, seq_now: int, site: tuple) -> None:
+        # Every node numbered since the last op (a composite op can build several) gets the site.
+        for seq in range(max(self._last_seq, seq_now - 4), seq_now):
+            self._current[seq] = site
+        self._last_seq = seq_now
+
+    def moved(self, seq_now: int) -> bool:
+        return seq_now != self._last_seq
+
+    def get(self, seq: int) -> tuple | None:
+        return self._current.get(seq) or self._previous.get(seq)
+
+    def new_generation(self) -> None:
+        self._previous, self._current = self._current, {}

@@ -1,0 +1,117 @@
+"""What the detector learnt about each non-finite tensor it saw being made.
+
+A `Record` is written only on the slow path (an op produced a NaN or an Inf), so it can
+afford exact statistics. Records are keyed by the tensor's storage, which views share:
+a NaN that reaches an op through `x.view(...)[mask]` is still traced to where it was born.
+Each key keeps a weak reference to the tensor it was made for, so a dead tensor's record
+is dropped rather than matched against a new tensor that reuses the memory.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from nandoctor.stats import TensorSummary
+
+_sequence = itertools.count()
+
+
+@dataclass(eq=False)
+class Record:
+    op: str
+    phase: str
+    where: tuple | None  # (code, line) of the user frame
+    module: str | None
+    backward_node: str | None
+    node_seq: int | None  # sequence number of the autograd node (backward ops), or of the
+    # node a forward op created
+    step: int | None
+    output: TensorSummary
+    inputs: list[TensorSummary]
+    parents: list["Record"]  # records of the non-finite inputs
+    has_nan: bool
+    intended: bool = False  # a -inf written on purpose (mask fill): not a root of anything
+    untracked_input: bool = False  # an input was already non-finite with no record (came from outside)
+    facts: dict[str, Any] = field(default_factory=dict)
+    order: int = field(default_factory=lambda: next(_sequence))
+
+    @property
+    def is_origin(self) -> bool:
+        """All inputs were finite (or came from outside torch): this op made the value."""
+        return not any(not p.intended for p in self.parents)
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # sparse, nested, meta tensors
+        return None
+
+
+class RecordTable:
+    """Storage -> the latest record of a non-finite value written there."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._by_storage: dict[int, tuple[weakref.ref, Record]] = {}
+        self._limit = limit
+
+    def __bool__(self) -> bool:
+        return bool(self._by_storage)
+
+    def __len__(self) -> int:
+        return len(self._by_storage)
+
+    def put(self, t: torch.Tensor, record: Record) -> None:
+        key = storage_key(t)
+        if key is None or key == 0:
+            return
+        if len(self._by_storage) >= self._limit:
+            self.prune()
+        self._by_storage[key] = (weakref.ref(t), record)
+
+    def get(self, t: torch.Tensor) -> Record | None:
+        key = storage_key(t)
+        entry = self._by_storage.get(key) if key else None
+        if entry is None:
+            return None
+        owner, record = entry
+        if owner() is None and not self._same_storage_alive(key, t):
+            del self._by_storage[key]
+            return None
+        return record
+
+    @staticmethod
+    def _same_storage_alive(key: int, t: torch.Tensor) -> bool:
+        # The tensor the record was made for is gone, but `t` (a view of it) holds the same
+        # storage alive, so the memory was not reused: the record still describes it.
+        return t._base is not None and storage_key(t._base) == key
+
+    def forget(self, t: torch.Tensor) -> None:
+        """A tensor was overwritten in place with finite values (e.g. masked_fill_ of the Infs)."""
+        key = storage_key(t)
+        if key:
+            self._by_storage.pop(key, None)
+
+    def alive(self) -> list[tuple[torch.Tensor, Record]]:
+        out = []
+        for owner, record in list(self._by_storage.values()):
+            t = owner()
+            if t is not None:
+                out.append((t, record))
+        return out
+
+    def prune(self) -> None:
+        """Drop the records of dead tensors (called at step boundaries and when full)."""
+        dead = [k for k, (owner, _) in self._by_storage.items() if owner() is None]
+        for k in dead:
+            del self._by_storage[k]
+        if len(self._by_storage) >= self._limit:  # still full of live tensors: drop the oldest
+            for k in list(self._by_storage)[: self._limit // 2]:
+                del self._by_storage[k]
+
+    def clear(self) -> None:
+        self._by_storage.clear()

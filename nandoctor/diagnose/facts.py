@@ -1,0 +1,60 @@
+"""Op-specific facts gathered when an op turns out to be the root of a non-finite value.
+
+The detector calls `collect_facts` on the rare path with the op's arguments while they are
+still live; rules read the facts later (e.g. CTC's input and target lengths).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from nandoctor.detect.ops import base_name
+
+_collectors: dict[str, Callable[..., dict[str, Any]]] = {}
+
+
+def collects(*op_names: str):
+    """Register a fact collector for ops by base name (`_ctc_loss`, ...)."""
+
+    def register(fn):
+        for name in op_names:
+            if name in _collectors:
+                raise ValueError(f"facts for {name} registered twice")
+            _collectors[name] = fn
+        return fn
+
+    return register
+
+
+def collect_facts(func, args, kwargs) -> dict[str, Any]:
+    collector = _collectors.get(base_name(func))
+    if collector is None:
+        return {}
+    try:
+        return collector(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - facts are a bonus; never break detection
+        return {"facts_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _lengths(value) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()]
+    return [int(v) for v in value]
+
+
+@collects("_ctc_loss", "ctc_loss")
+def ctc_facts(log_probs, targets, input_lengths, target_lengths, blank=0, *rest, **kwargs) -> dict[str, Any]:
+    """Which batch items cannot be aligned: CTC needs T >= L + (number of repeated labels)."""
+    ins, outs = _lengths(input_lengths), _lengths(target_lengths)
+    flat = targets.dim() == 1
+    impossible = []
+    offset = 0
+    for i, (t_len, l_len) in enumerate(zip(ins, outs)):
+        labels = targets[offset: offset + l_len] if flat else targets[i, :l_len]
+        offset += l_len if flat else 0
+        labels = labels.tolist()
+        repeats = sum(1 for a, b in zip(labels, labels[1:]) if a == b)
+        if t_len < l_len + repeats:
+            impossible.append({"item": i, "input_length": t_len, "target_length": l_len, "repeats": repeats})
+    return {"input_lengths": ins, "target_lengths": outs, "impossible": impossible}

@@ -1,0 +1,1 @@
+"""The report data model and its renderers. Renderers never touch torch."""

@@ -1,0 +1,233 @@
+"""Run the user's script in this process exactly as `python SCRIPT ARGS` would.
+
+Nothing else lives here: no detection, no reporting. The behaviours follow CPython and
+coverage.py's `execfile.py`:
+
+- `sys.argv` is `[script as typed, *args]`; with `-m`, argv[0] is the module's file.
+- `sys.path[0]` is the script's directory (symlinks resolved, as CPython does) or, with
+  `-m`, the current directory. It is set in `prepare()`, before the script imports anything.
+- The code runs in a fresh `__main__` module registered in `sys.modules`, with `__file__`,
+  `__spec__`, `__loader__` and `__builtins__`: spawn-based multiprocessing (DataLoader
+  workers) re-imports the main module from these.
+- `SystemExit` codes pass through; any other exception prints the user's traceback with
+  nandoctor's frames removed and gives exit status 1.
+- The interpreter state (argv, path, `__main__`, working directory) is restored afterwards,
+  also when the script chdir'd into a directory that has since been deleted.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+from nandoctor.errors import ExitCode, UsageError
+
+_NANDOCTOR_DIR = str(Path(__file__).resolve().parent)
+
+
+@dataclass
+class ScriptOutcome:
+    """How the script ended."""
+
+    exit_code: int
+    exception: BaseException | None = None  # the uncaught exception, if any (not SystemExit)
+
+
+class ScriptRunner:
+    """Prepare, then run, one script or module (`-m`) with its arguments."""
+
+    def __init__(self, target: str, args: list[str], as_module: bool = False):
+        self.target = target
+        self.args = list(args)
+        self.as_module = as_module
+        self.code: types.CodeType | None = None
+        self.main_module: types.ModuleType | None = None
+        self.display_path = target  # what a user typed, used in reports
+
+    # -- preparing ---------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Find and compile the target; raise UsageError when it can't be run at all."""
+        if self.as_module:
+            self._prepare_module()
+        else:
+            self._prepare_script()
+
+    def _prepare_script(self) -> None:
+        path = Path(self.target)
+        if not path.exists():
+            raise UsageError(f"can't open file '{self.target}': no such file")
+        if path.is_dir():
+            main = path / "__main__.py"
+            if not main.is_file():
+                raise UsageError(f"can't find '__main__' module in '{self.target}'")
+            path = main
+        try:
+            source = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"can't read '{self.target}': {exc.strerror}") from None
+        abs_file = os.path.abspath(path)
+        self.code = self._compile(source, abs_file)
+        self.main_module = self._new_main(abs_file, spec=None, loader=_script_loader(abs_file))
+        self._argv0 = self.target
+        # CPython puts the script's real directory first (a symlinked script imports from
+        # the folder it really lives in).
+        self._path0 = os.path.dirname(os.path.realpath(abs_file))
+
+    def _prepare_module(self) -> None:
+        # As with `python -m`, the current directory comes first while looking the module up.
+        sys.path.insert(0, os.getcwd())
+        try:
+            spec = _find_spec(self.target)
+            if spec.submodule_search_locations is not None:  # a package: run its __main__
+                spec = _find_spec(f"{self.target}.__main__", package=self.target)
+            code = spec.loader.get_code(spec.name) if spec.loader else None
+        finally:
+            sys.path.pop(0)
+        if code is None:
+            raise UsageError(f"no code to run in module '{self.target}'")
+        self.code = code
+        self.main_module = self._new_main(spec.origin, spec=spec, loader=spec.loader)
+        self.main_module.__package__ = spec.parent
+        self._argv0 = spec.origin
+        self._path0 = os.getcwd()
+        self.display_path = os.path.relpath(spec.origin) if spec.origin else self.target
+
+    def _compile(self, source: bytes, filename: str) -> types.CodeType:
+        if b"\x00" in source[:4096]:
+            raise UsageError(f"'{self.target}' is not a Python script (it looks like a binary file)")
+        try:
+            return compile(source, filename, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            raise UsageError(
+                f"'{self.target}' is not valid Python: {exc.msg} (line {exc.lineno})"
+            ) from None
+        except ValueError as exc:  # e.g. a bad coding declaration
+            raise UsageError(f"'{self.target}' is not a Python script: {exc}") from None
+
+    @staticmethod
+    def _new_main(file: str | None, spec, loader) -> types.ModuleType:
+        module = types.ModuleType("__main__")
+        module.__file__ = file
+        module.__builtins__ = sys.modules["builtins"]
+        module.__spec__ = spec
+        module.__loader__ = loader
+        module.__cached__ = None
+        return module
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, passthrough: tuple[type[BaseException], ...] = ()) -> ScriptOutcome:
+        """Execute the prepared code. Exceptions of the `passthrough` types propagate
+        (the detector's stop signal); everything else ends as python would end it."""
+        assert self.code is not None and self.main_module is not None, "call prepare() first"
+        saved = _InterpreterState.capture()
+        sys.argv = [self._argv0, *self.args]
+        sys.path[0:1] = [self._path0] if sys.path else [self._path0]
+        sys.modules["__main__"] = self.main_module
+        try:
+            exec(self.code, self.main_module.__dict__)
+        except passthrough:
+            raise
+        except SystemExit as exc:
+            return ScriptOutcome(_system_exit_status(exc))
+        except KeyboardInterrupt as exc:
+            print_user_traceback(exc)
+            return ScriptOutcome(ExitCode.INTERRUPTED, exc)
+        except BaseException as exc:  # noqa: BLE001 - the user's exception, reported as python would
+            print_user_traceback(exc)
+            return ScriptOutcome(ExitCode.SCRIPT_ERROR, exc)
+        finally:
+            saved.restore()
+        return ScriptOutcome(0)
+
+
+def _find_spec(name: str, package: str | None = None):
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is None:
+        if package:
+            raise UsageError(f"no module named '{name}'; '{package}' is a package and cannot be run directly")
+        raise UsageError(f"no module named '{name}'")
+    return spec
+
+
+def _script_loader(path: str):
+    return importlib.machinery.SourceFileLoader("__main__", path)
+
+
+def _system_exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # python prints a non-int exit value and exits 1
+    return 1
+
+
+@dataclass
+class _InterpreterState:
+    argv: list[str]
+    path0: str | None
+    main: types.ModuleType | None
+    cwd: str
+
+    @classmethod
+    def capture(cls) -> "_InterpreterState":
+        return cls(list(sys.argv), sys.path[0] if sys.path else None, sys.modules.get("__main__"), os.getcwd())
+
+    def restore(self) -> None:
+        sys.argv = self.argv
+        if self.path0 is not None and sys.path:
+            sys.path[0] = self.path0
+        if self.main is not None:
+            sys.modules["__main__"] = self.main
+        # Go back where we started even if the script chdir'd into a folder it then removed.
+        try:
+            os.chdir(self.cwd)
+        except OSError:
+            pass
+
+
+def is_nandoctor_frame(filename: str) -> bool:
+    return filename.startswith(_NANDOCTOR_DIR)
+
+
+def _trim(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback chain without nandoctor's frames (tb_next is writable since 3.7)."""
+    kept: list[types.TracebackType] = []
+    while tb is not None:
+        if not is_nandoctor_frame(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    for earlier, later in zip(kept, kept[1:]):
+        earlier.tb_next = later
+    if kept:
+        kept[-1].tb_next = None
+        return kept[0]
+    return None
+
+
+def print_user_traceback(exc: BaseException) -> None:
+    """Print the exception as python would, through sys.excepthook, minus nandoctor's frames."""
+    seen: set[int] = set()
+    chained: BaseException | None = exc
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        chained.__traceback__ = _trim(chained.__traceback__)
+        chained = chained.__cause__ or chained.__context__
+    hook = sys.excepthook
+    if getattr(hook, "__module__", "").startswith(("typer", "rich")):
+        hook = sys.__excepthook__  # typer installs its own; the user never asked for it
+    try:
+        hook(type(exc), exc, exc.__traceback__)
+    except Exception:  # noqa: BLE001 - a broken user hook must not hide the error
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
