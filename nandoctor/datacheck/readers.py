@@ -128,7 +128,7 @@ def _check_numpy_or_fields(ctx: FileContext, key: str | None, array: np.ndarray,
 
 def _numpy_refusal(exc: Exception) -> str:
     text = str(exc)
-    if "allow_pickle" in text:
+    if "allow_pickle" in text or "Python objects" in text:
         return "holds pickled Python objects (object dtype); not loaded, since unpickling can run code"
     return f"not a valid .npy array: {text}"
 

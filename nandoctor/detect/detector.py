@@ -29,6 +29,7 @@ from nandoctor.detect.mode import CheckingMode
 from nandoctor.detect.ops import op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.records import Record, RecordTable
+from nandoctor.diagnose.facts import collect_facts
 from nandoctor.report.model import History, OpSite
 from nandoctor.stats import summarize
 
@@ -87,6 +88,7 @@ class Detector:
         self.training_started = False
         self.in_optimizer = False
         self.data_depth = 0
+        self.last_backward_record_order = -1
         self.history = _StepHistory(int(run_settings.get("history", 64)))
         self._pending_loss: float | None = None
         self._pending_grad_norm: float | None = None
@@ -145,7 +147,10 @@ class Detector:
                 return
             record = self._record_op(func, args, kwargs, out, node, created_seq, intended)
         self.records.put(out, record)
-        if record.phase == "backward" or intended:
+        if record.phase == "backward":
+            self.last_backward_record_order = record.order
+            return
+        if intended:
             return
         if record.phase == "forward" and created_seq is not None:
             self.forward_nonfinite_by_node[created_seq] = record
@@ -173,8 +178,6 @@ class Detector:
         else:
             seq = created_seq
             where, module, node_name = self.locator.user_frame(3), self.modules.current, None
-        from nandoctor.diagnose.facts import collect_facts  # op-specific facts (CTC lengths, ...)
-
         return Record(
             op=op_name(func),
             phase=phase,
@@ -189,7 +192,7 @@ class Detector:
             has_nan=summary.nan > 0,
             intended=intended,
             untracked_input=untracked,
-            facts=collect_facts(func, args, kwargs) if origin else {},
+            facts=_origin_facts(func, args, kwargs, tensors) if origin else {},
         )
 
     def carry(self, args, out) -> None:
@@ -220,15 +223,35 @@ class Detector:
                     self._stop(record, "the loss is non-finite")
         return self._order_mark()
 
-    def after_backward(self, started_order: int) -> None:
-        """Backward finished: a gradient that is still non-finite stops the run."""
+    def after_backward(self, roots, started_order: int) -> None:
+        """Backward finished: a leaf's gradient that is still non-finite stops the run.
+
+        Only walked when this backward made a non-finite value somewhere (rare): most such
+        values are masked inside autograd formulas and never reach a gradient.
+        """
         with self.internal():
-            for t, record in self.records.alive():
-                if record.phase == "backward" and record.order >= started_order and not bool(torch.isfinite(t).all()):
-                    self._stop(record, "a gradient is non-finite")
+            if self._backward_suspects_since(started_order):
+                for leaf in _leaves(roots):
+                    grad = leaf.grad
+                    if grad is not None and grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
+                        record = self.records.get(grad) or self._bare_record("", grad, "backward")
+                        record.facts.setdefault("parameter", self.modules.parameter_name(leaf))
+                        self._stop(record, "a gradient is non-finite after backward()")
             self.sites.new_generation()
             self._forget_old_forward_records()
             self.records.prune()
+
+    def after_grad(self, outputs, started_order: int) -> None:
+        """torch.autograd.grad returned: its results are gradients the script holds."""
+        with self.internal():
+            for g in outputs or ():
+                if isinstance(g, torch.Tensor) and g.is_floating_point() and not bool(torch.isfinite(g).all()):
+                    record = self.records.get(g) or self._bare_record("", g, "backward")
+                    self._stop(record, "a gradient returned by torch.autograd.grad is non-finite")
+            self.sites.new_generation()
+
+    def _backward_suspects_since(self, order: int) -> bool:
+        return self.last_backward_record_order >= order
 
     def before_optimizer_step(self, optimizer) -> None:
         self.optimizer_seen = True
@@ -277,7 +300,7 @@ class Detector:
             for p in group["params"]:
                 if p.is_floating_point() and not bool(torch.isfinite(p).all()):
                     record = self.records.get(p) or self._bare_record("", p, "init" if not self.step else "optimizer")
-                    record.facts.setdefault("parameter", _param_name(optimizer, p))
+                    record.facts.setdefault("parameter", self.modules.parameter_name(p) or _param_name(optimizer, p))
                     record.facts.setdefault("parameter_before_step", True)
                     self._stop(record, "a parameter is non-finite before the optimizer step")
 
@@ -286,7 +309,7 @@ class Detector:
             for p in group["params"]:
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
                     record = self.records.get(p.grad) or self._bare_record("", p.grad, "backward")
-                    record.facts.setdefault("parameter", _param_name(optimizer, p))
+                    record.facts.setdefault("parameter", self.modules.parameter_name(p) or _param_name(optimizer, p))
                     self._stop(record, "a gradient is non-finite before the optimizer step")
 
     def _bare_record(self, op: str, t: torch.Tensor, phase: str) -> Record:
@@ -344,6 +367,31 @@ class Detector:
 
     def history_report(self) -> History:
         return self.history.as_report()
+
+
+def _origin_facts(func, args, kwargs, tensors) -> dict[str, Any]:
+    """Facts about the op that made a non-finite value, for the diagnosis rules: the op's
+    own (CTC lengths, ...) and which autograd op produced each input (a softmax, a std)."""
+    facts = collect_facts(func, args, kwargs)
+    producers = {name: type(t.grad_fn).__name__ for name, t in tensors if t.grad_fn is not None}
+    if producers:
+        facts["input_producers"] = producers
+    return facts
+
+
+def _leaves(roots):
+    """The leaf tensors (parameters, inputs with requires_grad) reachable from `roots`."""
+    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            yield variable
+        stack.extend(fn for fn, _ in node.next_functions)
 
 
 def _builds_graph(args) -> bool:

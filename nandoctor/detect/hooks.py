@@ -23,7 +23,7 @@ class TrainingHooks:
 
     def install(self) -> None:
         self._patch(torch.autograd, "backward", self._wrap_backward)
-        self._patch(torch.autograd, "grad", self._wrap_backward)
+        self._patch(torch.autograd, "grad", self._wrap_grad)
         pre = register_optimizer_step_pre_hook(lambda opt, args, kwargs: self.detector.before_optimizer_step(opt))
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.detector.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
@@ -47,10 +47,23 @@ class TrainingHooks:
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
             mark = detector.before_backward(roots)
             result = original(tensors, *args, **kwargs)
-            detector.after_backward(mark)
+            detector.after_backward(roots, mark)
             return result
 
         return backward
+
+    def _wrap_grad(self, original):
+        detector = self.detector
+
+        @functools.wraps(original)
+        def grad(outputs, *args, **kwargs):
+            roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs or ())
+            mark = detector.before_backward(roots)
+            result = original(outputs, *args, **kwargs)
+            detector.after_grad(result, mark)
+            return result
+
+        return grad
 
     def _wrap_next(self, original):
         detector = self.detector

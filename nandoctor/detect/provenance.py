@@ -15,6 +15,7 @@ import weakref
 from pathlib import Path
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.report.model import Location
 
@@ -93,6 +94,7 @@ class ModuleTracker:
 
     def __init__(self) -> None:
         self._names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+        self._parameter_names = WeakIdKeyDictionary()
         self._stack: list[str] = []
         self._handles: list = []
 
@@ -109,6 +111,10 @@ class ModuleTracker:
             handle.remove()
         self._handles = []
         self._stack.clear()
+
+    def parameter_name(self, tensor: torch.Tensor) -> str | None:
+        """`encoder.layers.0.linear1.weight` for a parameter or buffer of a module that ran."""
+        return self._parameter_names.get(tensor)
 
     @property
     def current(self) -> str | None:
@@ -127,10 +133,11 @@ class ModuleTracker:
     def _name_tree(self, root: torch.nn.Module) -> str:
         root_name = type(root).__name__
         for qualname, sub in root.named_modules():
-            if sub is root:
-                continue
-            self._names[sub] = f"{qualname}"
+            if sub is not root:
+                self._names[sub] = qualname
         self._names[root] = root_name
+        for qualname, tensor in (*root.named_parameters(), *root.named_buffers()):
+            self._parameter_names[tensor] = qualname
         return root_name
 
 

@@ -3,17 +3,18 @@
 A `Record` is written only on the slow path (an op produced a NaN or an Inf), so it can
 afford exact statistics. Records are keyed by the tensor's storage, which views share:
 a NaN that reaches an op through `x.view(...)[mask]` is still traced to where it was born.
-Each key keeps a weak reference to the tensor it was made for, so a dead tensor's record
-is dropped rather than matched against a new tensor that reuses the memory.
+Each key keeps a weak reference to the storage itself (not to the Python tensor object,
+which the autograd engine creates and drops between backward ops), so a record is dropped
+once its memory is freed rather than matched against a new tensor that reuses it.
 """
 from __future__ import annotations
 
 import itertools
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from nandoctor.stats import TensorSummary
 
@@ -56,7 +57,7 @@ class RecordTable:
     """Storage -> the latest record of a non-finite value written there."""
 
     def __init__(self, limit: int = 4096) -> None:
-        self._by_storage: dict[int, tuple[weakref.ref, Record]] = {}
+        self._by_storage: dict[int, tuple[StorageWeakRef, Record]] = {}
         self._limit = limit
 
     def __bool__(self) -> bool:
@@ -67,28 +68,22 @@ class RecordTable:
 
     def put(self, t: torch.Tensor, record: Record) -> None:
         key = storage_key(t)
-        if key is None or key == 0:
+        if not key:
             return
         if len(self._by_storage) >= self._limit:
             self.prune()
-        self._by_storage[key] = (weakref.ref(t), record)
+        self._by_storage[key] = (StorageWeakRef(t.untyped_storage()), record)
 
     def get(self, t: torch.Tensor) -> Record | None:
         key = storage_key(t)
         entry = self._by_storage.get(key) if key else None
         if entry is None:
             return None
-        owner, record = entry
-        if owner() is None and not self._same_storage_alive(key, t):
+        storage, record = entry
+        if storage.expired():
             del self._by_storage[key]
             return None
         return record
-
-    @staticmethod
-    def _same_storage_alive(key: int, t: torch.Tensor) -> bool:
-        # The tensor the record was made for is gone, but `t` (a view of it) holds the same
-        # storage alive, so the memory was not reused: the record still describes it.
-        return t._base is not None and storage_key(t._base) == key
 
     def forget(self, t: torch.Tensor) -> None:
         """A tensor was overwritten in place with finite values (e.g. masked_fill_ of the Infs)."""
@@ -96,17 +91,9 @@ class RecordTable:
         if key:
             self._by_storage.pop(key, None)
 
-    def alive(self) -> list[tuple[torch.Tensor, Record]]:
-        out = []
-        for owner, record in list(self._by_storage.values()):
-            t = owner()
-            if t is not None:
-                out.append((t, record))
-        return out
-
     def prune(self) -> None:
-        """Drop the records of dead tensors (called at step boundaries and when full)."""
-        dead = [k for k, (owner, _) in self._by_storage.items() if owner() is None]
+        """Drop the records of freed storage (called at step boundaries and when full)."""
+        dead = [k for k, (storage, _) in self._by_storage.items() if storage.expired()]
         for k in dead:
             del self._by_storage[k]
         if len(self._by_storage) >= self._limit:  # still full of live tensors: drop the oldest

@@ -1,0 +1,102 @@
+"""What a rule looks at: the root, the event, the lineage and the run's history, with the
+questions rules keep asking (how many zeros went into the division? which dtype?).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nandoctor.report.model import History, OpSite, RunReport
+from nandoctor.stats import TensorSummary
+
+# Largest x whose exp(x) is finite, per dtype (log of the dtype's max).
+EXP_LIMIT = {"float32": 88.72, "float16": 11.09, "bfloat16": 88.72, "float64": 709.78}
+FLOAT_MAX = {"float32": 3.4028e38, "float16": 65504.0, "bfloat16": 3.3895e38, "float64": 1.7977e308}
+
+
+@dataclass
+class Evidence:
+    root: OpSite
+    event: OpSite
+    lineage: list[OpSite]
+    history: History
+    step: int | None
+
+    @classmethod
+    def from_report(cls, report: RunReport) -> "Evidence":
+        assert report.root is not None and report.event is not None
+        return cls(report.root, report.event, report.lineage, report.history, report.step)
+
+    @property
+    def op(self) -> str:
+        """Base name of the root op: `aten.log.default` -> `log`."""
+        parts = self.root.op.split(".")
+        return parts[1] if len(parts) >= 2 else self.root.op
+
+    @property
+    def node(self) -> str | None:
+        return self.root.backward_node
+
+    @property
+    def forward_op(self) -> str | None:
+        """For a backward root, the forward op its node differentiates: `SqrtBackward0` -> `sqrt`."""
+        if not self.node:
+            return None
+        name = self.node.rstrip("0123456789")
+        return name[: -len("Backward")].lower() if name.endswith("Backward") else name.lower()
+
+    @property
+    def where(self) -> str:
+        loc = self.root.location
+        return f"{loc.file}:{loc.line}" if loc else "an unknown line"
+
+    @property
+    def code(self) -> str:
+        loc = self.root.location
+        return f"`{loc.code}`" if loc and loc.code else "this line"
+
+    @property
+    def output(self) -> TensorSummary | None:
+        return self.root.output
+
+    @property
+    def dtype(self) -> str:
+        return self.output.dtype if self.output else "float32"
+
+    def input(self, *names: str) -> TensorSummary | None:
+        for s in self.root.inputs:
+            if s.name in names:
+                return s
+        return None
+
+    def first_input(self) -> TensorSummary | None:
+        return self.root.inputs[0] if self.root.inputs else None
+
+    def inputs_finite(self) -> bool:
+        return all(s.nonfinite == 0 for s in self.root.inputs)
+
+    def fact(self, key: str, default=None):
+        return self.root.facts.get(key, default)
+
+    def made_nan(self) -> bool:
+        return bool(self.output and self.output.nan)
+
+    def made_inf(self) -> bool:
+        return bool(self.output and (self.output.posinf or self.output.neginf))
+
+
+def fmt(x: float | None) -> str:
+    if x is None:
+        return "none"
+    if x == 0:
+        return "0.0"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if 1e-3 <= abs(x) < 1e5:
+        return f"{x:.4g}"
+    return f"{x:.3e}"
+
+
+def count_of(n: int, summary: TensorSummary | None) -> str:
+    total = summary.numel if summary else 0
+    return f"{n} of {total}" if total else str(n)

@@ -1,0 +1,2 @@
+"""Importing this package registers every rule (see `nandoctor.diagnose.registry`)."""
+from nandoctor.diagnose.rules import context, fallback, ops  # noqa: F401

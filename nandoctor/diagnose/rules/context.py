@@ -1,0 +1,103 @@
+"""Rules about the run rather than the op: they outrank the op rules.
+
+A NaN that arrived in a batch is a data problem whatever op first touched it; a masked
+Inf that leaks NaN into the gradient is a pattern, not a division problem; a parameter
+that was already non-finite, or an update the optimizer made from finite gradients.
+"""
+from __future__ import annotations
+
+from nandoctor.diagnose.evidence import Evidence, count_of
+from nandoctor.diagnose.registry import context_rule
+from nandoctor.report.model import Cause
+
+
+@context_rule
+def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
+    node = ev.fact("gradient_leak_through")
+    if not node:
+        return None
+    out = ev.output
+    infs = (out.posinf + out.neginf + out.nan) if out else 0
+    return Cause(
+        "masked_inf_gradient_leak",
+        "a masked Inf leaks NaN into the gradient",
+        f"At {ev.where} ({ev.code}) `{ev.op}` makes {count_of(infs, out)} non-finite values in forward. "
+        "They are dropped afterwards (by indexing, `where` or a mask), so the loss is finite, but backward still "
+        f"runs through every position: `{node}` computes 0 * Inf = NaN for the dropped ones, and the NaN reaches "
+        "the gradients (pytorch issue 4132).",
+        "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): "
+        "`safe = torch.where(mask, target, torch.ones_like(target)); rel = torch.where(mask, (pred - target) / safe, 0)`, "
+        "or select first and divide after: `(pred[mask] - target[mask]) / target[mask]`.",
+    )
+
+
+@context_rule
+def nonfinite_input_data(ev: Evidence) -> Cause | None:
+    if ev.root.phase == "data" and ev.root.op == "":
+        batch, key = ev.fact("batch"), ev.fact("key")
+        rows, indices = ev.fact("rows") or [], ev.fact("dataset_indices")
+        out = ev.output
+        where = f"batch {batch}" + (f", {key}" if key and key != "batch" else "")
+        samples = f"; dataset indices {indices}" if indices else (f"; rows {rows} of the batch" if rows else "")
+        return Cause(
+            "nonfinite_input_data",
+            "a batch arrived from the DataLoader already non-finite",
+            f"{where} holds {_bad(out)} before any model op ran{samples}. The data itself (or the Dataset's "
+            "transforms, run in worker processes) contains NaN/Inf.",
+            "Find and fix the samples: `nandoctor check-data <your data folder>` scans the files; in the Dataset, "
+            "guard normalisations (`x / x.max()` of an all-zero sample) and drop or repair bad records.",
+        )
+    if ev.fact("untracked_input") and ev.root.phase in ("forward", "init") and not ev.fact("parameter"):
+        return Cause(
+            "nonfinite_input_data",
+            "an input was already non-finite when it reached torch",
+            f"At {ev.where} ({ev.code}) an input to `{ev.op or 'the model'}` already held NaN/Inf that no torch op "
+            f"made: {_bad_inputs(ev)}. It came from outside torch (numpy, a file, a tensor built from Python numbers).",
+            "Check the data before it reaches the model (`nandoctor check-data`), and where it is built: "
+            "`assert torch.isfinite(x).all()` after loading, or `torch.nan_to_num` if missing values are expected.",
+        )
+    return None
+
+
+@context_rule
+def nonfinite_parameter(ev: Evidence) -> Cause | None:
+    name = ev.fact("parameter")
+    loaded = ev.root.phase == "init" and ev.op.startswith("copy") and ev.fact("untracked_input")
+    if not (ev.fact("parameter_before_step") and ev.root.op == "") and not loaded:
+        return None
+    what = f"parameter `{name}`" if name else "a parameter or buffer"
+    src = f"It was written at {ev.where} ({ev.code})" if ev.root.location else "No op nandoctor saw made it"
+    return Cause(
+        "nonfinite_parameter",
+        "a parameter was already non-finite",
+        f"{what} holds {_bad(ev.output)} before the optimizer step. {src}: typically a checkpoint saved after a "
+        "NaN, or a hand-made initialisation.",
+        "Load a checkpoint from before the failure and validate it (`all(torch.isfinite(t).all() for t in "
+        "state_dict.values())`); save checkpoints only after a finite loss.",
+    )
+
+
+@context_rule
+def optimizer_invalid(ev: Evidence) -> Cause | None:
+    if ev.root.phase != "optimizer":
+        return None
+    return Cause(
+        "optimizer_invalid",
+        "the optimizer made a non-finite update from finite gradients",
+        f"Inside `optimizer.step()` (called at {ev.where}), `{ev.op}` turned finite gradients and state into "
+        f"{_bad(ev.output)}: {_bad_inputs(ev) or 'its inputs were finite'}. An optimizer setting is invalid, "
+        "e.g. Adam/RMSprop with eps=0 divides by sqrt(v)=0 where a gradient is 0.",
+        "Check the optimizer's hyper-parameters: eps > 0 (1e-8; 1e-6 or more under float16), a finite, positive lr, "
+        "betas < 1, weight_decay >= 0.",
+    )
+
+
+def _bad(summary) -> str:
+    if summary is None:
+        return "non-finite values"
+    bits = [f"{n} {label}" for label, n in (("NaN", summary.nan), ("+Inf", summary.posinf), ("-Inf", summary.neginf)) if n]
+    return " and ".join(bits) + f" (of {summary.numel})"
+
+
+def _bad_inputs(ev: Evidence) -> str:
+    return "; ".join(f"`{s.name}` has {_bad(s)}" for s in ev.root.inputs if s.nonfinite)

@@ -1,0 +1,89 @@
+"""Rules tried when no op rule applies: the run's history, the dtype, Inf arithmetic."""
+from __future__ import annotations
+
+import math
+
+from nandoctor.diagnose.evidence import FLOAT_MAX, Evidence, fmt
+from nandoctor.diagnose.registry import fallback_rule
+from nandoctor.report.model import Cause
+
+
+@fallback_rule
+def fp16_overflow(ev: Evidence) -> Cause | None:
+    if ev.dtype != "float16" or not ev.made_inf() or not ev.inputs_finite():
+        return None
+    biggest = max((max(abs(s.min or 0), abs(s.max or 0)) for s in ev.root.inputs), default=None)
+    return Cause(
+        "fp16_overflow",
+        "float16 overflow (past 65504)",
+        f"At {ev.where} ({ev.code}) `{ev.op}` has finite float16 inputs (largest magnitude {fmt(biggest)}) but "
+        "its result exceeds float16's largest value, 65504, and becomes Inf.",
+        "Use bfloat16 autocast (`torch.autocast('cuda', dtype=torch.bfloat16)`), which has float32's range, or keep "
+        "this op in float32; with float16 use `torch.amp.GradScaler` and scale down activations (normalise inputs).",
+    )
+
+
+def growth(values: list) -> tuple[float, list[float]] | None:
+    """(growth factor over the window, the window) when the series grew geometrically."""
+    finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    window = finite[-8:]
+    if len(window) < 3 or window[0] <= 0:
+        return None
+    ratios = [b / a for a, b in zip(window, window[1:]) if a > 0]
+    rising = sum(r > 1.5 for r in ratios)
+    factor = window[-1] / window[0]
+    if factor >= 100 and rising >= max(2, math.ceil(len(ratios) * 2 / 3)):
+        return factor, window
+    return None
+
+
+@fallback_rule
+def exploding_gradient(ev: Evidence) -> Cause | None:
+    loss = growth(ev.history.loss)
+    grad = growth(ev.history.grad_norm)
+    if not (loss or grad):
+        return None
+    series = []
+    if loss:
+        series.append(f"the loss grew {fmt(loss[0])}x over the last {len(loss[1])} steps ({' → '.join(fmt(v) for v in loss[1])})")
+    if grad:
+        series.append(f"the gradient norm grew {fmt(grad[0])}x ({' → '.join(fmt(v) for v in grad[1])})")
+    return Cause(
+        "exploding_gradient",
+        "exploding gradients: the values grew geometrically until they overflowed",
+        f"{'; '.join(series).capitalize()}. At step {ev.step} `{ev.op}` at {ev.where} overflowed "
+        f"{ev.dtype} ({fmt(FLOAT_MAX.get(ev.dtype))}). Each update overshoots the minimum by more than it corrects: "
+        "the learning rate is too large for the scale of the inputs.",
+        "Lower the learning rate (try 10-100x smaller), normalise the inputs/targets (zero mean, unit variance), "
+        "and clip gradients before the step: `torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`.",
+    )
+
+
+@fallback_rule
+def inf_arithmetic(ev: Evidence) -> Cause | None:
+    if ev.inputs_finite() and not ev.fact("inf_from"):
+        return None
+    born = ev.fact("inf_from")
+    return Cause(
+        "inf_arithmetic",
+        "arithmetic on values that were already infinite",
+        f"At {ev.where} ({ev.code}) `{ev.op}` received Inf inputs and made NaN (inf - inf, 0 * inf, inf / inf)."
+        + (f" The Inf was written at {born}." if born else " The Inf came from outside the ops nandoctor saw."),
+        "Do not let the Inf exist: use a large finite sentinel (`torch.finfo(dtype).min`) instead of ±inf, "
+        "or replace it before arithmetic (`torch.nan_to_num(x, posinf=..., neginf=...)`).",
+    )
+
+
+@fallback_rule
+def float_overflow(ev: Evidence) -> Cause | None:
+    if not ev.made_inf() or not ev.inputs_finite():
+        return None
+    return Cause(
+        "float_overflow",
+        f"{ev.dtype} overflow",
+        f"At {ev.where} ({ev.code}) `{ev.op}` has finite inputs but its result is beyond {ev.dtype}'s range "
+        f"({fmt(FLOAT_MAX.get(ev.dtype))}). The inputs' largest magnitude is "
+        f"{fmt(max((max(abs(s.min or 0), abs(s.max or 0)) for s in ev.root.inputs), default=None))}.",
+        "Scale the values down (normalise inputs, smaller initialisation, lower learning rate) or compute in a "
+        "wider dtype (float64 for this op).",
+    )

@@ -1,0 +1,278 @@
+"""Rules by op family: the root op and the statistics of what went into it.
+
+Each rule serves the forward op and, where the op's derivative is the problem, the backward
+node that differentiates it (`ev.node` is set then, and `ev.root.location` is the forward
+line whose backward failed).
+"""
+from __future__ import annotations
+
+from nandoctor.diagnose.evidence import EXP_LIMIT, Evidence, count_of, fmt
+from nandoctor.diagnose.registry import op_rule
+from nandoctor.report.model import Cause
+
+
+def _producer(ev: Evidence, name: str) -> str | None:
+    return (ev.fact("input_producers") or {}).get(name)
+
+
+@op_rule("log", "log2", "log10", "log1p", "xlogy", "log_")
+def log_nonpositive(ev: Evidence) -> Cause | None:
+    x = ev.input("self", "x", "input") or ev.first_input()
+    lower = -1.0 if ev.op == "log1p" else 0.0
+    if ev.node:  # the derivative 1/x blew up: x was 0 or so tiny that 1/x overflows
+        small = f"the smallest input to log was {fmt(_smallest_positive(ev))}" if _smallest_positive(ev) is not None else "its inputs were at or near 0"
+        return Cause(
+            "log_nonpositive",
+            "log of a value at or near zero: its gradient 1/x overflowed",
+            f"The backward of `{ev.forward_op}` at {ev.where} ({ev.code}) divides the incoming gradient by x; "
+            f"{small}, so 1/x is Inf and the gradient turns Inf/NaN ({_out(ev)}). "
+            "Inputs this small usually come from a softmax/sigmoid that underflowed.",
+            "Work in log space: use `F.log_softmax(logits, dim=-1)` / `F.cross_entropy(logits, target)` "
+            "instead of `torch.log(torch.softmax(...))`, or clamp first: `torch.log(x.clamp_min(1e-7))`.",
+        )
+    if x is None:
+        return None
+    zeros = x.zeros
+    bad = x.negatives if lower == 0.0 else None
+    parts = []
+    if zeros and lower == 0.0:
+        parts.append(f"{count_of(zeros, x)} inputs are 0 (log(0) = -inf)")
+    if bad:
+        parts.append(f"{count_of(bad, x)} are negative (log(<0) = NaN; the smallest is {fmt(x.min)})")
+    if lower == -1.0 and x.min is not None and x.min <= -1:
+        parts.append(f"some inputs are <= -1 (the smallest is {fmt(x.min)}): log1p needs x > -1")
+    if not parts and x.nonfinite:
+        return None  # the inputs were already non-finite: not log's fault
+    if not parts:
+        return None
+    source = _producer(ev, x.name)
+    underflow = f" The input comes from `{source}`, which underflowed to 0." if source and "softmax" in source.lower() else ""
+    return Cause(
+        "log_nonpositive",
+        f"{ev.op} of a non-positive value",
+        f"At {ev.where} ({ev.code}) {'; '.join(parts)}.{underflow}",
+        "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), "
+        "parametrise positive quantities as `softplus(raw)` or `exp(log_param)`, "
+        "and use `F.log_softmax` / `F.cross_entropy` on logits instead of log(softmax).",
+    )
+
+
+def _smallest_positive(ev: Evidence) -> float | None:
+    x = ev.input("other") or ev.first_input()
+    return x.min if x else None
+
+
+def _out(ev: Evidence) -> str:
+    o = ev.output
+    if not o:
+        return "non-finite output"
+    bits = [f"{n}×{label}" for label, n in (("NaN", o.nan), ("+Inf", o.posinf), ("-Inf", o.neginf)) if n]
+    return ", ".join(bits) + f" in the output of {o.numel}"
+
+
+@op_rule("div", "divide", "true_divide", "reciprocal", "floor_divide", "remainder", "fmod")
+def div_by_zero(ev: Evidence) -> Cause | None:
+    if ev.node and ev.forward_op != "div":
+        return None
+    den = ev.input("other", "divisor") or (ev.input("self") if ev.op == "reciprocal" else None)
+    num = ev.input("self") if ev.op != "reciprocal" else None
+    if den is None or not den.zeros:
+        return None
+    producer = _producer(ev, den.name) or ""
+    if producer.startswith(("Std", "Var")):
+        return zero_variance(ev)
+    both = num is not None and num.zeros
+    kind = "0/0 = NaN where the numerator is 0 too, x/0 = ±Inf elsewhere" if both else "x/0 = ±Inf (0/0 = NaN)"
+    where = "in backward, " if ev.node else ""
+    return Cause(
+        "div_by_zero",
+        "division by zero",
+        f"{where.capitalize()}At {ev.where} ({ev.code}) {count_of(den.zeros, den)} denominator values are 0: {kind}. "
+        f"Result: {_out(ev)}." + (" The denominator is all zeros (e.g. an empty mask normalised by its max)." if den.zeros == den.numel else ""),
+        "Guard the denominator: `x / d.clamp_min(eps)` or `x / (d + eps)`; for a max/sum normaliser, "
+        "skip or special-case empty inputs (`d = m.max(); m / d if d > 0 else m`).",
+    )
+
+
+def zero_variance(ev: Evidence) -> Cause:
+    return Cause(
+        "zero_variance",
+        "division by a zero standard deviation / variance",
+        f"At {ev.where} ({ev.code}) the denominator is a std/var that is 0 for some slices "
+        f"(constant inputs), so the normalisation divides by zero: {_out(ev)}.",
+        "Add an epsilon inside the normalisation: `(x - mean) / (std + 1e-5)` or `x * torch.rsqrt(var + 1e-5)`, "
+        "or use `F.layer_norm` / `nn.BatchNorm*`, which do.",
+    )
+
+
+@op_rule("exp", "exp2", "expm1", "sinh", "cosh", "exp_")
+def exp_overflow(ev: Evidence) -> Cause | None:
+    x = ev.input("self") or ev.first_input()
+    limit = EXP_LIMIT.get(ev.dtype, 88.72)
+    if ev.node:
+        return None
+    if x is None or x.max is None or x.max <= limit * 0.99:
+        return None
+    return Cause(
+        "exp_overflow",
+        f"{ev.op} overflow: inputs above {limit} in {ev.dtype}",
+        f"At {ev.where} ({ev.code}) the largest input to {ev.op} is {fmt(x.max)}; exp of anything above {limit} "
+        f"is Inf in {ev.dtype} ({_out(ev)}). Later arithmetic on the Inf (inf/inf, 0*inf in backward) makes NaN.",
+        "Subtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` do it for you), "
+        "keep the computation in log space (`c * torch.exp(-a)` as `torch.exp(torch.log(c) - a)`), "
+        "or clamp the exponent: `torch.exp(x.clamp(max=80))`.",
+    )
+
+
+@op_rule("sqrt", "rsqrt", "sqrt_")
+def sqrt_rule(ev: Evidence) -> Cause | None:
+    if ev.node:
+        return Cause(
+            "sqrt_zero_backward",
+            "sqrt(0) in forward: its gradient is infinite",
+            f"The forward line {ev.where} ({ev.code}) takes sqrt of values that are exactly 0. "
+            "sqrt(0) = 0 is fine, but its derivative 1/(2*sqrt(x)) is Inf at 0, and the chain rule's 0*Inf "
+            f"makes the gradient NaN ({_out(ev)}). Typical for Euclidean distances of a point to itself.",
+            "Add an epsilon inside the root: `torch.sqrt(d2 + 1e-12)`, or use `torch.linalg.vector_norm` / "
+            "`torch.cdist`, or a safe gradient: `torch.where(d2 > 0, d2, 1).sqrt() * (d2 > 0)`.",
+        )
+    x = ev.input("self") or ev.first_input()
+    if x is None:
+        return None
+    if x.negatives:
+        return Cause(
+            "sqrt_negative",
+            f"{ev.op} of a negative value",
+            f"At {ev.where} ({ev.code}) {count_of(x.negatives, x)} inputs are negative (the smallest is {fmt(x.min)}): "
+            f"{ev.op} of a negative number is NaN.",
+            "Clamp before the root (`torch.sqrt(x.clamp_min(0) + eps)`), or find why the value went negative "
+            "(a variance computed as E[x²]-E[x]² can round below 0: use `torch.var`).",
+        )
+    if ev.op == "rsqrt" and x.zeros:
+        return zero_variance(ev)
+    return None
+
+
+@op_rule("pow", "float_power", "pow_")
+def pow_invalid(ev: Evidence) -> Cause | None:
+    base = ev.input("self") or ev.first_input()
+    exponent = ev.input("exponent")
+    if ev.node:
+        return Cause(
+            "pow_invalid",
+            "x ** p with p < 1 at x = 0: infinite gradient",
+            f"The forward line {ev.where} ({ev.code}) raises values that are 0 to a power below 1; the derivative "
+            f"p * x**(p-1) is Inf at 0 and makes the gradient non-finite ({_out(ev)}).",
+            "Add an epsilon to the base (`(x + 1e-8) ** p`) or clamp it (`x.clamp_min(1e-8) ** p`).",
+        )
+    if base is None:
+        return None
+    if ev.made_nan() and base.negatives:
+        return Cause(
+            "pow_invalid",
+            "negative base raised to a fractional power",
+            f"At {ev.where} ({ev.code}) {count_of(base.negatives, base)} bases are negative (smallest {fmt(base.min)}); "
+            "a negative number to a non-integer power is NaN.",
+            "Use `x.abs() ** p * x.sign()` if a signed power is meant, or clamp the base: `x.clamp_min(0) ** p`.",
+        )
+    if base.zeros and ev.made_inf() and (exponent is None or (exponent.min is not None and exponent.min < 0)):
+        return Cause(
+            "pow_invalid",
+            "zero raised to a negative power",
+            f"At {ev.where} ({ev.code}) {count_of(base.zeros, base)} bases are 0 and the exponent is negative: 0 ** -p is Inf.",
+            "Add an epsilon to the base (`(x + eps) ** p`) or clamp it (`x.clamp_min(eps) ** p`).",
+        )
+    return None
+
+
+@op_rule("acos", "asin", "atanh", "acosh", "acos_", "asin_")
+def domain_asin_acos(ev: Evidence) -> Cause | None:
+    x = ev.input("self") or ev.first_input()
+    if ev.node:
+        return Cause(
+            "domain_asin_acos",
+            f"{ev.forward_op} at ±1: infinite gradient",
+            f"The forward line {ev.where} ({ev.code}) evaluates {ev.forward_op} at exactly ±1, where its derivative "
+            f"1/sqrt(1-x²) is Inf ({_out(ev)}).",
+            "Clamp strictly inside the domain: `torch.acos(x.clamp(-1 + 1e-7, 1 - 1e-7))`.",
+        )
+    if x is None:
+        return None
+    lo, hi = (-1.0, 1.0) if ev.op != "acosh" else (1.0, float("inf"))
+    outside = (x.min is not None and x.min < lo) or (x.max is not None and x.max > hi)
+    if not outside:
+        return None
+    return Cause(
+        "domain_asin_acos",
+        f"{ev.op} outside its domain",
+        f"At {ev.where} ({ev.code}) inputs range over [{fmt(x.min)}, {fmt(x.max)}]; {ev.op} is defined only on "
+        f"[{lo}, {hi}] and gives NaN outside ({_out(ev)}). A cosine similarity of (nearly) identical unit vectors "
+        "rounds to slightly above 1.",
+        "Clamp into the domain: `torch.acos(cos.clamp(-1 + 1e-7, 1 - 1e-7))` (the margin also keeps the gradient finite).",
+    )
+
+
+@op_rule("atan2", "atan2_")
+def atan2_zero_backward(ev: Evidence) -> Cause | None:
+    if not ev.node:
+        return None
+    return Cause(
+        "atan2_zero_backward",
+        "atan2(0, 0): gradient undefined at the origin",
+        f"The forward line {ev.where} ({ev.code}) computes atan2 at points where both arguments are 0; the "
+        f"derivative divides by x²+y² = 0 ({_out(ev)}).",
+        "Nudge away from the origin: `torch.atan2(y, x + 1e-12)`, or mask zero vectors out of the loss before atan2.",
+    )
+
+
+@op_rule("norm", "linalgvectornorm", "linalg_vector_norm", "normbackward", "frobenius_norm", "_norm")
+def norm_zero_backward(ev: Evidence) -> Cause | None:
+    if not ev.node:
+        return None
+    return Cause(
+        "norm_zero_backward",
+        "norm of a zero vector: gradient x/||x|| is 0/0",
+        f"The forward line {ev.where} ({ev.code}) takes the norm of vectors that are all zeros; the gradient x/||x|| "
+        f"is 0/0 there ({_out(ev)}).",
+        "Add an epsilon: `torch.sqrt((x**2).sum(-1) + 1e-12)`, or `F.normalize(x, eps=1e-12)` instead of x / x.norm().",
+    )
+
+
+@op_rule("_ctc_loss", "ctc_loss", "ctcloss")
+def ctc_infeasible(ev: Evidence) -> Cause | None:
+    impossible = ev.fact("impossible")
+    if impossible is None and not ev.node:
+        return None
+    if impossible:
+        items = ", ".join(
+            f"item {i['item']} ({i['input_length']} frames for {i['target_length']} labels"
+            + (f" + {i['repeats']} repeats" if i["repeats"] else "") + ")"
+            for i in impossible[:5]
+        )
+        detail = f"{len(impossible)} batch item(s) cannot be aligned: {items}."
+    else:
+        detail = "some batch items have targets longer than their inputs allow."
+    return Cause(
+        "ctc_infeasible",
+        "CTC target longer than its input",
+        f"At {ev.where} ({ev.code}) CTC needs input_length >= target_length + repeated labels; {detail} "
+        "Their loss is Inf and its gradient NaN.",
+        "Pass `zero_infinity=True` to `F.ctc_loss` / `nn.CTCLoss`, and filter such utterances in the dataset "
+        "(check `input_lengths >= target_lengths` after downsampling).",
+    )
+
+
+@op_rule("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax")
+def softmax_all_masked(ev: Evidence) -> Cause | None:
+    x = ev.input("self") or ev.first_input()
+    if ev.node or x is None or not x.neginf or not ev.made_nan():
+        return None
+    return Cause(
+        "inf_arithmetic",
+        "softmax over a row that is entirely -inf",
+        f"At {ev.where} ({ev.code}) some rows of the softmax input are -inf everywhere (fully masked); "
+        f"exp(-inf - (-inf)) is NaN ({_out(ev)})."
+        + (f" The -inf was written at {ev.fact('inf_from')}." if ev.fact("inf_from") else ""),
+        "Make sure every row keeps at least one unmasked position, use a large negative finite value "
+        "(`torch.finfo(x.dtype).min`) instead of -inf, or `torch.nan_to_num` the fully masked rows.",
+    )

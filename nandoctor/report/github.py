@@ -1,0 +1,236 @@
+"""GitHub Actions output: workflow-command annotations and the job's step summary.
+
+Annotations (`::error file=...,line=...,title=...::message`) put the culprit on the line of
+the pull request diff; the step summary ($GITHUB_STEP_SUMMARY) shows the whole story as
+markdown on the run page. Nothing is printed outside GitHub Actions (see `emit_github`).
+
+Escaping follows GitHub's workflow-command rules: in the message (data) `%`, CR and LF; in
+properties (`file`, `title`) also `:` and `,`, which would otherwise end the property.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterable, Mapping, Sequence, TextIO
+
+from nandoctor.report.junit import group_problems, problem_line
+from nandoctor.report.model import OpSite, RunReport
+from nandoctor.stats import one_line
+
+# Markdown rows listed at most in a data summary (the step summary is capped at 1 MiB).
+MAX_SUMMARY_ROWS = 200
+# Characters of the explanation put in an annotation (the summary has the full text).
+_SHORT = 300
+
+
+def escape_data(value: Any) -> str:
+    return str(value).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(value: Any) -> str:
+    return escape_data(value).replace(":", "%3A").replace(",", "%2C")
+
+
+def workflow_command(command: str, message: str, **properties: Any) -> str:
+    """`::command key=value,...::message` with every piece escaped; None properties are left out."""
+    props = ",".join(f"{k}={escape_property(v)}" for k, v in properties.items() if v is not None)
+    return f"::{command}{' ' + props if props else ''}::{escape_data(message)}"
+
+
+def _short(text: str) -> str:
+    """The first paragraph, cut at a sentence end near `_SHORT` characters."""
+    first = text.strip().split("\n\n", 1)[0].replace("\n", " ")
+    if len(first) <= _SHORT:
+        return first
+    cut = first.rfind(". ", 0, _SHORT)
+    return first[: cut + 1] if cut > 0 else first[: _SHORT - 1].rstrip() + "…"
+
+
+# -- nandoctor run ----------------------------------------------------------------------
+
+
+def run_annotations(report: RunReport) -> list[str]:
+    """One `::error` on the root op's source line for a non-finite run; nothing otherwise."""
+    root = report.root or report.event
+    if report.status != "nonfinite" or root is None:
+        return []
+    cause = report.cause
+    title = cause.title if cause else "Non-finite value"
+    where = f" at {root.location}" if root.location else ""
+    lines = [f"{title}: {root.op or '(no op)'} in {root.phase}{where}"]
+    if root.module:
+        lines.append(f"module: {root.module}")
+    if cause and cause.explanation:
+        lines.append(_short(cause.explanation))
+    if cause and cause.fix:
+        lines.append(f"Fix: {_short(cause.fix)}")
+    location = root.location
+    return [workflow_command(
+        "error", "\n".join(lines),
+        file=location.file if location else None,
+        line=location.line if location else None,
+        title=f"nandoctor: {title}",
+    )]
+
+
+def _md_code(value: Any) -> str:
+    """An inline code span that survives backticks in the text."""
+    text = str(value).replace("\n", " ")
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _cell(value: Any) -> str:
+    """A table cell: pipes escaped (also inside code spans, as GitHub's tables require)."""
+    return str(value).replace("|", "\\|")
+
+
+def _md_text(value: Any) -> str:
+    return str(value).replace("\r", "").strip()
+
+
+def _row(label: str, site: OpSite) -> str:
+    cells = [
+        label,
+        _md_code(site.op) if site.op else "(no op)",
+        site.phase,
+        _md_code(site.location) if site.location else "?",
+        _md_code(site.module) if site.module else "",
+    ]
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def run_summary_markdown(report: RunReport) -> str:
+    """Markdown for $GITHUB_STEP_SUMMARY: the verdict first, then where, what went in, why."""
+    script = _md_code(report.script)
+    steps = f"{report.step} optimizer steps" if report.step is not None else "no optimizer step seen"
+    if report.status == "clean":
+        stopped = " (stopped at max_steps)" if report.stopped_by == "max_steps" else ""
+        return f"✅ **nandoctor**: {script} ran clean — no NaN/Inf, {steps}{stopped}.\n"
+    if report.status == "script_error":
+        error = report.error or {}
+        what = f"{error.get('type', 'an error')}: {error.get('message', '')}".rstrip(": ")
+        return (f"### ⚠️ nandoctor: {script} failed (exit status {report.exit_code})\n\n"
+                f"The script raised {_md_code(what)} before any non-finite value was seen ({steps}).\n")
+
+    cause = report.cause
+    title = cause.title if cause else "Non-finite value"
+    out = [f"### ❌ nandoctor: non-finite value in {script}", ""]
+    when = f"after {report.step} optimizer steps" if report.step is not None else "no optimizer step seen yet"
+    out.append(f"**{_md_text(title)}**" + (f" ({_md_code(cause.id)})" if cause else "") + f" — {when}.")
+    out.append("")
+    out.append("| | op | phase | location | module |")
+    out.append("|---|---|---|---|---|")
+    if report.event is not None:
+        out.append(_row("event", report.event))
+    root = report.root or report.event
+    if root is not None and root != report.event:
+        out.append(_row("root", root))
+    elif root is not None:
+        out[-1] = _row("event = root", root)
+    if root is not None and root.location is not None and root.location.code:
+        out += ["", f"{_md_code(root.location)}, in {_md_code(root.location.function)}:", "",
+                "```python", root.location.code.replace("```", "` ` `"), "```"]
+    if root is not None and (root.inputs or root.output is not None):
+        out += ["", "**Inputs of the root op**", ""]
+        out += [f"- {_md_code(one_line(s))}" for s in root.inputs]
+        if root.output is not None:
+            out.append(f"- output: {_md_code(one_line(root.output))}")
+    if len(report.lineage) > 1:
+        out += ["", "**Lineage** (root first)", ""]
+        for i, site in enumerate(report.lineage, 1):
+            where = f" at {_md_code(site.location)}" if site.location else ""
+            module = f" in {_md_code(site.module)}" if site.module else ""
+            out.append(f"{i}. {_md_code(site.op or '(no op)')} ({site.phase}){where}{module}")
+    if cause is not None:
+        if cause.explanation:
+            out += ["", f"**Cause.** {_md_text(cause.explanation)}"]
+        if cause.fix:
+            out += ["", f"**Fix.** {_md_text(cause.fix)}"]
+    return "\n".join(out) + "\n"
+
+
+# -- nandoctor check-data ---------------------------------------------------------------
+
+
+def _is_error(problem: Mapping[str, Any]) -> bool:
+    return problem.get("severity", "error") == "error"
+
+
+def data_annotations(data_report: Mapping[str, Any], limit: int | None = 10) -> list[str]:
+    """One annotation per problem file (not per problem): `::error` when it has an error,
+    `::warning` when it has only warnings; files with errors first; at most `limit`
+    (None: no limit)."""
+    by_file = group_problems(data_report.get("problems") or [])
+    ordered = sorted(by_file.items(), key=lambda item: not any(_is_error(p) for p in item[1]))
+    if limit is not None:
+        ordered = ordered[: max(limit, 0)]
+    lines = []
+    for name, problems in ordered:
+        command = "error" if any(_is_error(p) for p in problems) else "warning"
+        checks = ", ".join(dict.fromkeys(str(p.get("check")) for p in problems))
+        lines.append(workflow_command(command, "\n".join(problem_line(p) for p in problems),
+                                      file=name, title=f"nandoctor check-data: {checks}"))
+    return lines
+
+
+def data_summary_markdown(data_report: Mapping[str, Any]) -> str:
+    problems = list(data_report.get("problems") or [])
+    scanned = data_report.get("files_scanned", 0)
+    if not problems:
+        return f"✅ **nandoctor check-data**: {scanned} files scanned, no problems.\n"
+    by_file = group_problems(problems)
+    error_files = sum(1 for ps in by_file.values() if any(_is_error(p) for p in ps))
+    icon = "❌" if error_files else "⚠️"
+    out = [f"### {icon} nandoctor check-data: {len(by_file)} of {scanned} files with problems", ""]
+    if error_files != len(by_file):
+        out += [f"{error_files} with errors, {len(by_file) - error_files} with warnings only.", ""]
+    out += ["| file | key | check | count | detail | severity |", "|---|---|---|---|---|---|"]
+    for p in problems[:MAX_SUMMARY_ROWS]:
+        cells = [
+            _md_code(p.get("file", "")),
+            _md_code(p["key"]) if p.get("key") is not None else "",
+            _md_code(p.get("check", "")),
+            str(p.get("count", "")),
+            _md_text(p.get("detail") or "").replace("\n", " "),
+            p.get("severity", "error"),
+        ]
+        out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    if len(problems) > MAX_SUMMARY_ROWS:
+        out += ["", f"…and {len(problems) - MAX_SUMMARY_ROWS} more problems (see the JSON report)."]
+    return "\n".join(out) + "\n"
+
+
+# -- emitting ---------------------------------------------------------------------------
+
+
+def in_github_actions(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get("GITHUB_ACTIONS") == "true"
+
+
+def emit_github(annotations: Iterable[str], summary: str, environ: Mapping[str, str] | None = None,
+                stream: TextIO | None = None) -> bool:
+    """Inside GitHub Actions: print the annotations to `stream` (stdout) and append the
+    summary to the $GITHUB_STEP_SUMMARY file. Elsewhere do nothing. Returns whether it ran.
+
+    A summary file that cannot be written becomes a `::warning`, never a failure of the run.
+    """
+    environ = os.environ if environ is None else environ
+    if not in_github_actions(environ):
+        return False
+    stream = sys.stdout if stream is None else stream
+    for line in annotations:
+        print(line, file=stream)
+    summary_path = environ.get("GITHUB_STEP_SUMMARY")
+    if summary_path and summary:
+        try:
+            with open(summary_path, "a", encoding="utf-8", errors="backslashreplace") as handle:
+                handle.write(summary if summary.endswith("\n") else summary + "\n")
+        except OSError as exc:
+            print(workflow_command("warning", f"nandoctor could not write the step summary: {exc.strerror or exc}"),
+                  file=stream)
+    stream.flush()
+    return True
