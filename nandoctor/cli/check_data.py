@@ -15,7 +15,7 @@ from nandoctor.errors import ExitCode, UsageError
 @app.command("check-data", no_args_is_help=True)
 def check_data(
     paths: List[str] = typer.Argument(
-        ..., metavar="PATH...",
+        ..., metavar="PATH",
         help="Data files or folders (searched recursively), or a Python dataset as FILE.py:NAME "
              "or package.module:NAME."),
     json_path: Optional[Path] = typer.Option(

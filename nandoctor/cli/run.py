@@ -9,8 +9,7 @@ import typer
 from nandoctor.cli import app
 from nandoctor.config import load_config
 from nandoctor.errors import UsageError
-from nandoctor import session
-from nandoctor.report import json_report, terminal
+from nandoctor.report import json_report
 
 # Everything after SCRIPT belongs to the script: stop parsing options at the first
 # positional, and keep unknown options (`--lr`) for it instead of failing on them.
@@ -39,6 +38,9 @@ def run_command(
         raise UsageError(f"unknown mode '{config.run['mode']}' (choose from {', '.join(MODES)})")
     if json_path is not None:
         json_report.check_writable(json_path)
+    from nandoctor import session  # imports torch: only when a script is actually run
+    from nandoctor.report import terminal
+
     request = session.RunRequest(target, args, as_module, config)
     runner = session.prepare(request)
     report = session.run_traced(request, runner)
@@ -54,4 +56,6 @@ def _target(script: str | None, module: str | None, extra: list[str]) -> tuple[s
         return module, ([script] if script is not None else []) + list(extra), True
     if script is None:
         raise UsageError("missing SCRIPT (or -m MODULE) to run")
+    if script.startswith("-"):  # an option of ours we don't know, given before SCRIPT
+        raise UsageError(f"no such option: {script} (see 'nandoctor run --help')")
     return script, list(extra), False

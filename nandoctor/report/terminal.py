@@ -1,4 +1,210 @@
-"""Placeholder terminal renderer."""
-from nandoctor.report.json_report import render_json
-def print_report(report, context_lines=2):
-    print(render_json(report)[:3000])
+"""The terminal report: what a person reads at a glance when the run stops.
+
+Built from the plain `RunReport` with rich; no colour when the output is not a terminal
+or NO_COLOR is set (rich's own rules), so it reads as plain text in a CI log.
+"""
+from __future__ import annotations
+
+import linecache
+import math
+import os
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from nandoctor.console import stdout_console
+from nandoctor.report.model import History, Location, OpSite, RunReport
+from nandoctor.stats import one_line
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def print_report(report: RunReport, context_lines: int = 2, console: Console | None = None) -> None:
+    console = console or stdout_console()
+    console.print(render(report, context_lines))
+
+
+def render(report: RunReport, context_lines: int = 2):
+    if report.status == "nonfinite":
+        return _nonfinite(report, context_lines)
+    if report.status == "script_error":
+        return _script_error(report)
+    return _clean(report)
+
+
+def _clean(report: RunReport) -> Text:
+    steps = f" over {report.step} optimizer steps" if report.step is not None else ""
+    why = " (stopped at --max-steps)" if report.stopped_by == "max_steps" else ""
+    return Text.from_markup(
+        f"[bold green]nandoctor: clean[/] — no NaN or Inf in {escape(report.script)}{steps}{why}; "
+        f"the script exited {report.exit_code}."
+    )
+
+
+def _script_error(report: RunReport) -> Text:
+    err = report.error or {}
+    return Text.from_markup(
+        f"[bold yellow]nandoctor: the script raised {escape(err.get('type', 'an exception'))}[/] "
+        f"(exit {report.exit_code}); no NaN or Inf was seen before it"
+        + (f" ({report.step} optimizer steps)." if report.step is not None else ".")
+    )
+
+
+def _nonfinite(report: RunReport, context_lines: int):
+    root, event, cause = report.root, report.event, report.cause
+    assert root is not None and event is not None
+    parts: list = []
+    if cause is not None:
+        parts.append(Text.from_markup(f"[bold]{escape(cause.title)}[/]  [dim]({escape(cause.id)})[/]"))
+        parts.append(Text(cause.explanation))
+        if cause.fix:
+            parts.append(Text.from_markup(f"[bold green]Fix:[/] {escape(cause.fix)}"))
+        parts.append(Text(""))
+    parts.append(_site_heading("Root", root))
+    parts.append(_source(root.location, context_lines))
+    parts.append(_tensors(root))
+    if len(report.lineage) > 1:
+        parts.append(Text(""))
+        parts.append(_lineage(report.lineage))
+    if event is not root and len(report.lineage) > 1:
+        parts.append(Text.from_markup(f"[bold]Stopped[/] at the last op above: {escape(event.reason)}."))
+    history = _history(report.history)
+    if history is not None:
+        parts.append(Text(""))
+        parts.append(history)
+    for note in report.notes:
+        parts.append(Text.from_markup(f"[dim]note:[/] {escape(note)}"))
+    kind = _kind(event)
+    where = f" at {root.location}" if root.location else ""
+    step = f", step {report.step}" if report.step is not None else ""
+    title = f"nandoctor: {kind} in {root.phase}{escape(where)}{step}"
+    return Panel(Group(*parts), title=f"[bold red]{title}[/]", title_align="left", border_style="red", expand=False)
+
+
+def _kind(site: OpSite) -> str:
+    out = site.output
+    if out is None:
+        return "non-finite value"
+    if out.nan:
+        return "NaN"
+    return "Inf"
+
+
+def _site_heading(label: str, site: OpSite) -> Text:
+    bits = [f"[bold]{label}:[/] [cyan]{escape(site.op or '(no op: value arrived non-finite)')}[/]", f"phase {site.phase}"]
+    if site.backward_node:
+        bits.append(f"backward of [cyan]{escape(site.backward_node)}[/]")
+    if site.module:
+        bits.append(f"module [magenta]{escape(site.module)}[/]")
+    if site.location:
+        bits.append(f"at {escape(str(site.location))} in {escape(site.location.function)}")
+    return Text.from_markup("  ".join(bits))
+
+
+def _source(location: Location | None, context: int) -> Text:
+    if location is None:
+        return Text("  (no source line: the op ran outside user code)", style="dim")
+    filename = location.file
+    lines = []
+    for n in range(max(1, location.line - context), location.line + context + 1):
+        text = linecache.getline(filename, n) or (linecache.getline(os.path.abspath(filename), n))
+        if not text and n > location.line:
+            break
+        lines.append((n, text.rstrip("\n")))
+    if not lines:
+        lines = [(location.line, location.code)]
+    out = Text()
+    for n, text in lines:
+        mark = "→" if n == location.line else " "
+        style = "bold" if n == location.line else "dim"
+        out.append(f"  {mark} {n:>4} │ {text}\n", style=style)
+    return out
+
+
+def _tensors(site: OpSite) -> Table:
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="dim")
+    table.add_column()
+    for s in site.inputs:
+        table.add_row("  in ", _tensor_line(one_line(s), s.nonfinite))
+    if site.output is not None:
+        table.add_row("  out", _tensor_line(one_line(site.output).replace("output ", "", 1), site.output.nonfinite))
+    for key, value in site.facts.items():
+        if key in ("input_producers", "untracked_input", "gradient_leak_through"):
+            continue
+        table.add_row("  fact", escape(f"{key}: {value}"))
+    return table
+
+
+def _tensor_line(line: str, bad: int) -> Text:
+    text = Text(line)
+    for word in ("NaN×", "+Inf×", "-Inf×"):
+        start = line.find(word)
+        if start >= 0:
+            end = line.find(" ", start)
+            text.stylize("bold red", start, end if end > 0 else len(line))
+    return text
+
+
+def _lineage(lineage: list[OpSite]) -> Table:
+    table = Table(title="Lineage (root → where it stopped)", title_justify="left", show_edge=False, box=None, padding=(0, 1))
+    for column in ("#", "op", "phase", "location", "module", "output"):
+        table.add_column(column, style="dim" if column == "#" else None)
+    for i, site in enumerate(lineage, 1):
+        op = site.op + (f" ({site.backward_node})" if site.backward_node else "")
+        table.add_row(
+            str(i), escape(op or "-"), site.phase, escape(str(site.location) if site.location else "-"),
+            escape(site.module or "-"), _tensor_line(_counts(site), 1),
+        )
+    return table
+
+
+def _counts(site: OpSite) -> str:
+    o = site.output
+    if o is None:
+        return "-"
+    return " ".join(f"{label}×{n}" for label, n in (("NaN", o.nan), ("+Inf", o.posinf), ("-Inf", o.neginf)) if n)
+
+
+def sparkline(values: list) -> str:
+    """Log-scale bars; a non-finite or missing value shows as '!'/' '."""
+    finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v != 0]
+    if not finite:
+        return ""
+    lo, hi = math.log10(min(finite)), math.log10(max(finite))
+    span = (hi - lo) or 1.0
+    out = []
+    for v in values:
+        if v is None:
+            out.append(" ")
+        elif not isinstance(v, (int, float)) or not math.isfinite(v):
+            out.append("!")
+        elif v == 0:
+            out.append(_BARS[0])
+        else:
+            out.append(_BARS[min(7, int((math.log10(abs(v)) - lo) / span * 7.999))])
+    return "".join(out)
+
+
+def _history(history: History) -> Table | None:
+    if len(history.steps) < 2:
+        return None
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_column(style="dim")
+    for label, values in (("loss", history.loss), ("grad norm", history.grad_norm)):
+        line = sparkline(values[-40:])
+        if line:
+            last = [v for v in values if v is not None][-3:]
+            table.add_row(f"{label}:", line, "last: " + ", ".join(_num(v) for v in last))
+    return table
+
+
+def _num(v) -> str:
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return str(v)
+    return f"{v:.3g}" if 1e-3 <= abs(v) < 1e5 or v == 0 else f"{v:.2e}"

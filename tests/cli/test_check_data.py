@@ -1,0 +1,124 @@
+"""`python -m nandoctor check-data ...` end to end: exit statuses, output, the JSON report."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BLACK_MASK = ROOT.parent / "shared" / "cases" / "black_mask_dataset" / "train.py"
+
+
+def nandoctor(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "COLUMNS")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "nandoctor", "check-data", *map(str, args)],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_clean_folder_exits_0_and_writes_a_clean_report(tmp_path):
+    (tmp_path / "data").mkdir()
+    np.save(tmp_path / "data" / "x.npy", np.arange(10.0))
+    result = nandoctor("data", "--json", "report.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report == {**report, "schema": "nandoctor.data/1", "status": "clean", "files_scanned": 1, "problems": []}
+    assert "1 file checked, no problems" in result.stdout
+
+
+def test_nan_in_a_file_exits_3_and_the_report_names_file_key_and_check(tmp_path):
+    (tmp_path / "data").mkdir()
+    a = np.ones((4, 4))
+    a[2, 3] = np.nan
+    np.savez(tmp_path / "data" / "train.npz", x=a, y=np.arange(4))
+    np.save(tmp_path / "data" / "ok.npy", np.arange(3.0))
+    result = nandoctor("data", "--json", "r.json", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "problems" and report["files_scanned"] == 2
+    (problem,) = report["problems"]
+    assert problem["file"] == os.path.join("data", "train.npz")
+    assert (problem["key"], problem["check"], problem["count"]) == ("x", "nan", 1)
+    assert problem["positions"] == [[2, 3]] and isinstance(problem["detail"], str)
+    assert "train.npz" in result.stdout and "1 problem in 1 file" in result.stdout
+
+
+def test_output_has_no_colour_codes_when_not_a_terminal(tmp_path):
+    np.save(tmp_path / "bad.npy", np.array([np.nan, 1.0]))
+    result = nandoctor("bad.npy", cwd=tmp_path)
+    assert "\x1b[" not in result.stdout and result.stderr == ""
+
+
+def test_warnings_alone_exit_0_but_are_printed(tmp_path):
+    np.save(tmp_path / "flat.npy", np.zeros((4, 4)))
+    result = nandoctor("flat.npy", cwd=tmp_path)
+    assert result.returncode == 0 and "constant" in result.stdout
+
+
+def test_config_can_turn_a_check_into_a_warning(tmp_path):
+    np.save(tmp_path / "bad.npy", np.array([np.nan, 1.0]))
+    (tmp_path / "cfg.yaml").write_text("check_data:\n  errors: [inf]\n  warnings: [nan]\n")
+    assert nandoctor("bad.npy", "--config", "cfg.yaml", cwd=tmp_path).returncode == 0
+
+
+def test_label_range_with_num_classes_exits_3(tmp_path):
+    np.save(tmp_path / "labels.npy", np.array([0, 1, 2, 3]))
+    assert nandoctor("labels.npy", "--num-classes", "4", cwd=tmp_path).returncode == 0
+    result = nandoctor("labels.npy", "--num-classes", "3", "--workers", "1", cwd=tmp_path)
+    assert result.returncode == 3 and "label_range" in result.stdout
+
+
+def test_missing_path_exits_2_with_one_line_and_no_traceback(tmp_path):
+    result = nandoctor("nope.npy", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "nope.npy" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreadable_config_exits_2(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(3.0))
+    (tmp_path / "cfg.yaml").write_text("check_data:\n  errorz: []\n")
+    result = nandoctor("x.npy", "--config", "cfg.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "errorz" in result.stderr
+
+
+def test_malicious_checkpoint_exits_3_without_running_its_code(tmp_path):
+    pytest.importorskip("torch")
+    maker = (
+        "import torch\n"
+        "class Evil:\n"
+        "    def __reduce__(self):\n"
+        "        return (open, ('pwned', 'w'))\n"
+        "torch.save({'model': Evil()}, 'evil.pt')\n"
+    )
+    subprocess.run([sys.executable, "-c", maker], cwd=tmp_path, check=True)
+    result = nandoctor("evil.pt", "--json", "r.json", cwd=tmp_path)
+    assert result.returncode == 3
+    assert json.loads((tmp_path / "r.json").read_text())["problems"][0]["check"] == "unreadable"
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.skipif(not BLACK_MASK.exists(), reason="shared cases not present")
+def test_dataset_target_finds_the_black_mask_without_training(tmp_path):
+    # The case trains at import time; put its training loop under a __main__ guard, as a
+    # real script would have it, and check that check-data never runs it.
+    head, loop = BLACK_MASK.read_text().split("\nmodel = ", 1)
+    guarded = head + '\nif __name__ == "__main__":\n' + textwrap.indent("model = " + loop, "    ")
+    (tmp_path / "train.py").write_text(guarded)
+    result = nandoctor("train.py:MaskDataset", "--json", "r.json", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert "epoch" not in result.stdout  # the training loop did not run
+    (problem,) = json.loads((tmp_path / "r.json").read_text())["problems"]
+    assert (problem["file"], problem["key"], problem["check"]) == ("train.py:MaskDataset", "[1]", "nan")
+    assert problem["positions"][0][0] == 11
+
+
+def test_import_error_in_dataset_file_exits_2_with_one_line(tmp_path):
+    (tmp_path / "train.py").write_text("import missing_dependency_xyz\n")
+    result = nandoctor("train.py:dataset", cwd=tmp_path)
+    assert result.returncode == 2 and "missing_dependency_xyz" in result.stderr
+    assert result.stderr.strip().count("\n") == 0

@@ -1,0 +1,200 @@
+"""GitHub Actions output: annotations on the culprit line, and a markdown step summary."""
+from __future__ import annotations
+
+import io
+
+from nandoctor.report.github import (
+    data_annotations,
+    data_summary_markdown,
+    emit_github,
+    escape_data,
+    escape_property,
+    run_annotations,
+    run_summary_markdown,
+)
+from nandoctor.report.model import Cause, Location, OpSite, RunReport
+from nandoctor.stats import TensorSummary
+
+
+def summary(name, **counts) -> TensorSummary:
+    values = dict(shape=(4,), dtype="float32", min=-1.0, max=2.0, nan=0, posinf=0, neginf=0,
+                  zeros=0, negatives=0, numel=4)
+    values.update(counts)
+    return TensorSummary(name=name, **values)
+
+
+def nonfinite_report(file="train.py", title="log of a non-positive value") -> RunReport:
+    root = OpSite(
+        op="aten.log.default", phase="forward",
+        location=Location(file, 12, "forward", "y = torch.log(x)"),
+        module="encoder.norm", inputs=[summary("self", negatives=1)], output=summary("output", nan=1),
+    )
+    event = OpSite(op="aten.mul.Tensor", phase="forward",
+                   location=Location(file, 14, "forward", "loss = y * w"), output=summary("output", nan=4))
+    return RunReport(
+        status="nonfinite", exit_code=3, script=file, step=7, event=event, root=root, lineage=[root, event],
+        cause=Cause("log_nonpositive", title, "torch.log got -1.0; log is NaN below 0.",
+                    "Use torch.log(x.clamp_min(1e-8))."),
+    )
+
+
+def test_escaping_follows_the_workflow_command_rules():
+    assert escape_data("50% done\r\nnext: a, b") == "50%25 done%0D%0Anext: a, b"
+    assert escape_property("50% done\r\nnext: a, b") == "50%25 done%0D%0Anext%3A a%2C b"
+    # `%` first, so an already-escaped-looking text is not decoded by GitHub.
+    assert escape_data("%0A") == "%250A"
+
+
+def test_nonfinite_run_gives_one_error_on_the_root_line():
+    (line,) = run_annotations(nonfinite_report())
+
+    head, message = line[2:].split("::", 1)
+    assert head == "error file=train.py,line=12,title=nandoctor%3A log of a non-positive value"
+    lines = message.split("%0A")
+    assert lines[0] == "log of a non-positive value: aten.log.default in forward at train.py:12"
+    assert "module: encoder.norm" in lines
+    assert "torch.log got -1.0; log is NaN below 0." in lines
+    assert lines[-1] == "Fix: Use torch.log(x.clamp_min(1e-8))."
+
+
+def test_commas_colons_and_percent_in_properties_cannot_break_the_annotation():
+    report = nonfinite_report(file="runs/a,b:c%.py", title="x, y: 100%")
+    (line,) = run_annotations(report)
+
+    head = line[2:].split("::", 1)[0]
+    assert head == "error file=runs/a%2Cb%3Ac%25.py,line=12,title=nandoctor%3A x%2C y%3A 100%25"
+    assert "\n" not in line and "\r" not in line
+
+
+def test_clean_and_crashed_runs_have_no_annotation():
+    assert run_annotations(RunReport(status="clean", exit_code=0, script="train.py")) == []
+    crashed = RunReport(status="script_error", exit_code=1, script="train.py",
+                        error={"type": "ValueError", "message": "bad"})
+    assert run_annotations(crashed) == []
+
+
+def test_run_summary_tells_where_what_went_in_and_why():
+    md = run_summary_markdown(nonfinite_report())
+
+    assert md.startswith("### ❌ nandoctor: non-finite value in `train.py`")
+    assert "**log of a non-positive value** (`log_nonpositive`) — after 7 optimizer steps." in md
+    assert "| event | `aten.mul.Tensor` | forward | `train.py:14` |  |" in md
+    assert "| root | `aten.log.default` | forward | `train.py:12` | `encoder.norm` |" in md
+    assert "```python\ny = torch.log(x)\n```" in md
+    assert "- `self float32[4] x∈[-1, 2] neg=1`" in md
+    assert "1. `aten.log.default` (forward) at `train.py:12` in `encoder.norm`" in md
+    assert "2. `aten.mul.Tensor` (forward) at `train.py:14`" in md
+    assert "**Cause.** torch.log got -1.0" in md
+    assert "**Fix.** Use torch.log(x.clamp_min(1e-8))." in md
+
+
+def test_run_summary_with_the_event_at_the_root_has_one_row():
+    report = nonfinite_report()
+    report.event, report.lineage = report.root, [report.root]
+    md = run_summary_markdown(report)
+
+    assert "| event = root | `aten.log.default` |" in md
+    assert "| root |" not in md and "**Lineage**" not in md
+
+
+def test_pipes_in_table_cells_are_escaped():
+    report = nonfinite_report()
+    report.root.module = "blocks|0"
+    md = run_summary_markdown(report)
+
+    assert "`blocks\\|0`" in md
+
+
+def test_clean_run_summary_is_one_line_with_the_steps():
+    report = RunReport(status="clean", exit_code=0, script="train.py", step=20, stopped_by="max_steps")
+
+    md = run_summary_markdown(report)
+
+    assert md == "✅ **nandoctor**: `train.py` ran clean — no NaN/Inf, 20 optimizer steps (stopped at max_steps).\n"
+
+
+def test_script_error_summary_names_the_exception():
+    report = RunReport(status="script_error", exit_code=1, script="train.py",
+                       error={"type": "ValueError", "message": "bad shape"})
+
+    assert "`ValueError: bad shape`" in run_summary_markdown(report)
+
+
+def problem(file, check, key=None, count=1, detail="", severity="error") -> dict:
+    return {"file": file, "key": key, "check": check, "count": count, "detail": detail, "severity": severity}
+
+
+def data_report(*problems, files_scanned=5) -> dict:
+    return {"schema": "nandoctor.data/1", "status": "problems", "files_scanned": files_scanned,
+            "problems": list(problems)}
+
+
+def test_data_annotations_are_one_per_file_errors_first_and_capped():
+    report = data_report(
+        problem("masks/1.png", "constant", detail="all 0", severity="warning"),
+        problem("x.npz", "nan", key="a", count=3, detail="3 NaN values"),
+        problem("x.npz", "inf", key="b", detail="1 +Inf value"),
+        problem("y.npy", "empty", detail="no elements"),
+    )
+
+    lines = data_annotations(report)
+    assert [line.split(" ", 1)[0] for line in lines] == ["::error", "::error", "::warning"]
+    assert lines[0] == ("::error file=x.npz,title=nandoctor check-data%3A nan%2C inf::"
+                        "nan in 'a' (×3): 3 NaN values%0Ainf in 'b': 1 +Inf value")
+    assert lines[2].startswith("::warning file=masks/1.png,")
+    assert len(data_annotations(report, limit=2)) == 2
+    assert data_annotations(report, limit=0) == []
+
+
+def test_data_summary_lists_every_problem():
+    report = data_report(problem("x.npz", "nan", key="a", count=3, detail="3 NaN values"),
+                         problem("m.png", "constant", detail="all 0", severity="warning"))
+    md = data_summary_markdown(report)
+
+    assert md.startswith("### ❌ nandoctor check-data: 2 of 5 files with problems")
+    assert "| `x.npz` | `a` | `nan` | 3 | 3 NaN values | error |" in md
+    assert "| `m.png` |  | `constant` | 1 | all 0 | warning |" in md
+
+
+def test_clean_data_summary_is_one_line():
+    clean = {"schema": "nandoctor.data/1", "status": "clean", "files_scanned": 120, "problems": []}
+
+    assert data_summary_markdown(clean) == "✅ **nandoctor check-data**: 120 files scanned, no problems.\n"
+
+
+def test_emit_does_nothing_outside_github_actions(tmp_path):
+    stream, summary_file = io.StringIO(), tmp_path / "summary.md"
+
+    emitted = emit_github(["::error::x"], "summary", environ={"GITHUB_STEP_SUMMARY": str(summary_file)},
+                          stream=stream)
+
+    assert emitted is False
+    assert stream.getvalue() == "" and not summary_file.exists()
+
+
+def test_emit_prints_annotations_and_appends_to_the_step_summary(tmp_path):
+    stream, summary_file = io.StringIO(), tmp_path / "summary.md"
+    summary_file.write_text("earlier step\n", encoding="utf-8")
+    environ = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary_file)}
+
+    assert emit_github(["::error::a", "::error::b"], "✅ clean", environ=environ, stream=stream) is True
+
+    assert stream.getvalue() == "::error::a\n::error::b\n"
+    assert summary_file.read_text(encoding="utf-8") == "earlier step\n✅ clean\n"
+
+
+def test_emit_without_a_summary_file_only_prints(tmp_path):
+    stream = io.StringIO()
+
+    emit_github(["::error::a"], "summary", environ={"GITHUB_ACTIONS": "true"}, stream=stream)
+
+    assert stream.getvalue() == "::error::a\n"
+
+
+def test_an_unwritable_summary_file_is_a_warning_not_a_crash(tmp_path):
+    stream = io.StringIO()
+    environ = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp_path / "no-dir" / "summary.md")}
+
+    emit_github([], "summary", environ=environ, stream=stream)
+
+    assert stream.getvalue().startswith("::warning::nandoctor could not write the step summary")

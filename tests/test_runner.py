@@ -1,0 +1,141 @@
+"""The runner: a script under `nandoctor run` sees exactly what it sees under `python`."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import run_nandoctor
+from nandoctor.errors import UsageError
+from nandoctor.runner import ScriptRunner
+
+PROBE = textwrap.dedent(
+    """
+    import os, sys
+    print("argv", sys.argv)
+    print("name", __name__)
+    print("file", __file__)
+    print("path0", sys.path[0])
+    print("spec", __spec__.name if __spec__ else None)
+    print("package", __package__)
+    print("main_is_globals", sys.modules["__main__"].__dict__ is globals())
+    print("builtins", type(__builtins__).__name__)
+    print("cwd", os.getcwd())
+    """
+)
+
+
+def _python(args, cwd):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120).stdout
+
+
+def _probe_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if not line.startswith("nandoctor")]
+
+
+def test_script_sees_the_same_argv_name_file_and_path_as_under_python(tmp_path, script):
+    script("sub/probe.py", PROBE)
+    args = ["sub/probe.py", "--lr", "3", "--json", "x.json"]
+    plain = _python(args, tmp_path)
+    wrapped = run_nandoctor(["run", *args], tmp_path, json_name=None)
+    assert wrapped.code == 0
+    assert _probe_lines(wrapped.stdout) == plain.splitlines()
+    # The script's own --json was passed through untouched, not taken by nandoctor.
+    assert "'--json', 'x.json'" in plain and not (tmp_path / "x.json").exists()
+
+
+def test_module_run_matches_python_dash_m(tmp_path, script):
+    script("pkg/__init__.py", "")
+    script("pkg/probe.py", PROBE)
+    plain = _python(["-m", "pkg.probe", "a", "-v"], tmp_path)
+    wrapped = run_nandoctor(["run", "-m", "pkg.probe", "a", "-v"], tmp_path, json_name=None)
+    assert wrapped.code == 0
+    assert _probe_lines(wrapped.stdout) == plain.splitlines()
+
+
+def test_symlinked_script_imports_from_the_folder_it_really_lives_in(tmp_path, script):
+    script("real/probe.py", PROBE)
+    os.symlink(tmp_path / "real" / "probe.py", tmp_path / "link.py")
+    plain = _python(["link.py"], tmp_path)
+    wrapped = run_nandoctor(["run", "link.py"], tmp_path, json_name=None)
+    assert _probe_lines(wrapped.stdout) == plain.splitlines()
+
+
+def test_spawned_dataloader_workers_can_import_the_main_module(tmp_path, script):
+    script(
+        "train.py",
+        textwrap.dedent(
+            """
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+
+            def main():
+                data = TensorDataset(torch.arange(8.0).unsqueeze(1))
+                loader = DataLoader(data, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+                print("sum", sum(float(b[0].sum()) for b in loader))
+
+            if __name__ == "__main__":
+                main()
+            """
+        ),
+    )
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 0, result.stderr
+    assert "sum 28.0" in result.stdout
+    assert result.report["status"] == "clean"
+
+
+def test_traceback_of_a_failing_script_shows_only_the_users_frames(tmp_path, script):
+    script("train.py", "import torch\n\ndef load():\n    raise FileNotFoundError('data.csv')\n\nload()\n")
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 1
+    assert 'File "' in result.stderr and "train.py\", line 4, in load" in result.stderr
+    assert "FileNotFoundError: data.csv" in result.stderr
+    assert "nandoctor" not in result.stderr.split("Traceback")[1].split("FileNotFoundError")[0]
+    assert result.report["status"] == "script_error"
+    assert result.report["error"]["type"] == "FileNotFoundError"
+
+
+class TestInProcess:
+    """The runner used directly: state is restored whatever the script did."""
+
+    def test_working_directory_is_restored_even_if_the_script_removed_it(self, tmp_path, script, monkeypatch):
+        monkeypatch.chdir(tmp_path)
+        path = script(
+            "chdir.py",
+            "import os, shutil\nos.makedirs('gone', exist_ok=True)\nos.chdir('gone')\nshutil.rmtree(os.getcwd())\n",
+        )
+        runner = ScriptRunner(str(path), [])
+        runner.prepare()
+        argv, main = list(sys.argv), sys.modules["__main__"]
+        outcome = runner.run()
+        assert outcome.exit_code == 0
+        assert os.getcwd() == str(tmp_path)
+        assert sys.argv == argv and sys.modules["__main__"] is main
+
+    @pytest.mark.parametrize("exit_value, status", [("None", 0), ("0", 0), ("4", 4), ("'bye'", 1)])
+    def test_system_exit_status_passes_through_as_python_gives_it(self, script, exit_value, status):
+        runner = ScriptRunner(str(script("exit.py", f"import sys\nsys.exit({exit_value})\n")), [])
+        runner.prepare()
+        assert runner.run().exit_code == status
+
+    def test_a_missing_script_is_a_usage_error(self, tmp_path):
+        with pytest.raises(UsageError, match="no such file"):
+            ScriptRunner(str(tmp_path / "nope.py"), []).prepare()
+
+    def test_a_binary_file_is_not_a_python_script(self, tmp_path):
+        path = tmp_path / "model.py"
+        path.write_bytes(b"\x7fELF\x00\x00\x01binary")
+        with pytest.raises(UsageError, match="not a Python script"):
+            ScriptRunner(str(path), []).prepare()
+
+    def test_a_syntax_error_names_the_line(self, script):
+        with pytest.raises(UsageError, match=r"not valid Python.*line 2"):
+            ScriptRunner(str(script("bad.py", "x = 1\ndef (:\n")), []).prepare()
+
+    def test_an_unknown_module_is_a_usage_error(self):
+        with pytest.raises(UsageError, match="no module named 'surely_not_a_module'"):
+            ScriptRunner("surely_not_a_module", [], as_module=True).prepare()
