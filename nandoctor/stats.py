@@ -6,9 +6,10 @@ counts. Shared by the run report and the data checker.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where tensors are summarised, not by the report model
+    import torch
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,14 @@ class TensorSummary:
         return cls(**data)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def _dtype_name(dtype: "torch.dtype") -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def summarize(tensor: torch.Tensor, name: str = "", positions: int = 3) -> TensorSummary:
+def summarize(tensor: "torch.Tensor", name: str = "", positions: int = 3) -> TensorSummary:
     """Exact summary of `tensor` (any device, any dtype); never changes it."""
+    import torch
+
     with torch.no_grad():
         t = tensor.detach()
         if t.is_complex():

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_nandoctor
+from helpers import run_nandoctor
 from nandoctor.errors import UsageError
 from nandoctor.runner import ScriptRunner
 

@@ -373,6 +373,8 @@ def _origin_facts(func, args, kwargs, tensors) -> dict[str, Any]:
     """Facts about the op that made a non-finite value, for the diagnosis rules: the op's
     own (CTC lengths, ...) and which autograd op produced each input (a softmax, a std)."""
     facts = collect_facts(func, args, kwargs)
+    if args and isinstance(args[0], torch.nn.Parameter) and func._schema.name.endswith("copy_"):
+        facts["writes_parameter"] = f"{tuple(args[0].shape)}"
     producers = {name: type(t.grad_fn).__name__ for name, t in tensors if t.grad_fn is not None}
     if producers:
         facts["input_producers"] = producers

@@ -28,9 +28,11 @@ class OpKind(enum.Enum):
 _UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
 
 # Ops whose output holds only values that were already in their inputs (or zeros/ones):
-# moving, selecting, reshaping and gathering never create a NaN or an Inf.
+# moving, selecting, reshaping and gathering never create a NaN or an Inf. (`copy_` is
+# not among them: it can narrow float32 to float16, and it is how `load_state_dict`
+# writes a checkpoint's values into parameters, which is where a bad checkpoint shows.)
 _PASSTHROUGH = {
-    "detach", "alias", "clone", "copy", "copy_", "contiguous", "lift_fresh", "lift_fresh_copy",
+    "detach", "alias", "clone", "contiguous", "lift_fresh", "lift_fresh_copy",
     "view", "_unsafe_view", "reshape", "expand", "expand_as", "t", "transpose", "permute",
     "squeeze", "unsqueeze", "select", "slice", "narrow", "as_strided", "unfold", "flatten",
     "unbind", "split", "split_with_sizes", "chunk", "view_as", "movedim", "diagonal",

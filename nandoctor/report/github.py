@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterable, Mapping, Sequence, TextIO
+from typing import Any, Iterable, Mapping, TextIO
 
 from nandoctor.report.junit import group_problems, problem_line
 from nandoctor.report.model import OpSite, RunReport

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import run_nandoctor
+from helpers import run_nandoctor
 
 NAN_SCRIPT = """\
 import torch

@@ -3,16 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from nandoctor.datacheck.checks import CheckOptions
-from nandoctor.datacheck.scan import check_file
-
-
-def problems_of(path, **options):
-    return check_file(str(path), CheckOptions(**options))
-
-
-def only(problems, check):
-    return [p for p in problems if p.check == check]
+from checking import problems_of
 
 
 @pytest.fixture

@@ -32,6 +32,25 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
 
 
 @context_rule
+def nonfinite_parameter(ev: Evidence) -> Cause | None:
+    name = ev.fact("parameter")
+    loaded = ev.fact("writes_parameter") and ev.fact("untracked_input")
+    if not (ev.fact("parameter_before_step") and ev.root.op == "") and not loaded:
+        return None
+    what = f"parameter `{name}`" if name else f"a parameter of shape {ev.fact('writes_parameter')}" if loaded else "a parameter"
+    src = (f"It was loaded at {ev.where} ({ev.code})" if loaded else
+           f"It was last written at {ev.where} ({ev.code})" if ev.root.location else "No op nandoctor saw made it")
+    return Cause(
+        "nonfinite_parameter",
+        "a parameter was already non-finite",
+        f"{what} holds {_bad(ev.output)} before training on it. {src}: typically a checkpoint saved after a "
+        "NaN, or a hand-made initialisation.",
+        "Load a checkpoint from before the failure and validate it (`all(torch.isfinite(t).all() for t in "
+        "state_dict.values())`); save checkpoints only after a finite loss.",
+    )
+
+
+@context_rule
 def nonfinite_input_data(ev: Evidence) -> Cause | None:
     if ev.root.phase == "data" and ev.root.op == "":
         batch, key = ev.fact("batch"), ev.fact("key")
@@ -57,24 +76,6 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
             "`assert torch.isfinite(x).all()` after loading, or `torch.nan_to_num` if missing values are expected.",
         )
     return None
-
-
-@context_rule
-def nonfinite_parameter(ev: Evidence) -> Cause | None:
-    name = ev.fact("parameter")
-    loaded = ev.root.phase == "init" and ev.op.startswith("copy") and ev.fact("untracked_input")
-    if not (ev.fact("parameter_before_step") and ev.root.op == "") and not loaded:
-        return None
-    what = f"parameter `{name}`" if name else "a parameter or buffer"
-    src = f"It was written at {ev.where} ({ev.code})" if ev.root.location else "No op nandoctor saw made it"
-    return Cause(
-        "nonfinite_parameter",
-        "a parameter was already non-finite",
-        f"{what} holds {_bad(ev.output)} before the optimizer step. {src}: typically a checkpoint saved after a "
-        "NaN, or a hand-made initialisation.",
-        "Load a checkpoint from before the failure and validate it (`all(torch.isfinite(t).all() for t in "
-        "state_dict.values())`); save checkpoints only after a finite loss.",
-    )
 
 
 @context_rule

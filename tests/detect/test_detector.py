@@ -1,0 +1,212 @@
+"""The detection model: what stops a run, what is only a suspect, and where the root is."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from helpers import detect
+
+
+def line_of(marker: str) -> int:
+    """The line number in this file of the line containing `marker` (outside this function)."""
+    import inspect
+
+    for number, text in enumerate(inspect.getsource(__import__(__name__)).splitlines(), 1):
+        if marker in text and "line_of(" not in text:
+            return number
+    raise AssertionError(marker)
+
+
+class TestForward:
+    def test_a_forward_nan_stops_at_the_op_that_made_it(self):
+        x = torch.tensor([1.0, -2.0])
+        result = detect(lambda: torch.log(x))  # MARK-log
+        assert result.stopped
+        root = result.detection.root
+        assert root.op == "aten.log.default" and root.phase == "init"
+        assert root.location.line == line_of("MARK-log")
+        assert root.inputs[0].negatives == 1 and root.output.nan == 1
+
+    def test_an_inf_alone_is_only_a_suspect(self):
+        result = detect(lambda: torch.exp(torch.tensor([1000.0])) * 2)
+        assert not result.stopped
+
+    def test_an_inf_that_reaches_the_loss_stops_with_its_birth_as_root(self):
+        w = torch.nn.Parameter(torch.tensor([1000.0, 1.0]))
+
+        def train():
+            big = torch.exp(w)  # MARK-exp
+            loss = (big * 2).sum()
+            loss.backward()
+
+        result = detect(train)
+        assert result.stopped
+        d = result.detection
+        assert d.root.op == "aten.exp.default" and d.root.phase == "forward"
+        assert d.root.location.line == line_of("MARK-exp")
+        assert [s.op for s in d.lineage] == ["aten.exp.default", "aten.mul.Tensor", "aten.sum.default"]
+
+    def test_lineage_goes_from_root_to_symptom(self):
+        z = torch.tensor([[1000.0, 0.0]])
+        result = detect(lambda: torch.exp(z) / torch.exp(z).sum(dim=1, keepdim=True))
+        d = result.detection
+        assert d.root.op == "aten.exp.default"
+        assert d.event.op == "aten.div.Tensor" and d.event.output.nan == 1
+
+    def test_float16_inf_stops_at_once_by_default(self):
+        result = detect(lambda: torch.tensor([300.0], dtype=torch.float16) * torch.tensor([300.0], dtype=torch.float16))
+        assert result.stopped and result.detection.root.output.posinf == 1
+
+
+class TestNoFalseAlarms:
+    def test_uninitialised_empty_buffers_are_not_checked(self):
+        def fill():
+            buf = torch.empty(1000)
+            buf.fill_(1.0)
+            return buf.sum()
+
+        assert not detect(fill).stopped
+
+    def test_a_minus_inf_attention_mask_is_legitimate(self):
+        def attend():
+            layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            mask = torch.full((5, 5), float("-inf")).triu(1)
+            out = layer(torch.randn(2, 5, 16), src_mask=mask)
+            out.sum().backward()
+
+        assert not detect(attend).stopped
+
+    def test_inf_masked_inside_backward_formulas_does_not_stop(self):
+        def heading():
+            v = torch.zeros(4, 2, requires_grad=True)
+            torch.atan2(v[:, 1], v[:, 0]).sum().backward()
+
+        assert not detect(heading).stopped
+
+    def test_a_running_maximum_from_minus_inf_is_fine(self):
+        def track():
+            best = torch.full((), float("-inf"))
+            for v in torch.randn(5):
+                best = torch.maximum(best, v)
+
+        assert not detect(track).stopped
+
+    def test_a_sum_that_overflows_is_rechecked_exactly(self):
+        big = torch.full((10,), 3e38)
+        assert not detect(lambda: big * 1.0).stopped
+
+
+class TestBackward:
+    def test_a_backward_nan_is_reported_at_the_forward_line(self):
+        p = torch.nn.Parameter(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        target = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
+
+        def train():
+            dist = torch.sqrt(((p - target) ** 2).sum(dim=1))  # MARK-sqrt
+            dist.mean().backward()
+
+        d = detect(train).detection
+        assert d.root.phase == "backward" and d.root.backward_node == "SqrtBackward0"
+        assert d.root.location.line == line_of("MARK-sqrt")
+
+    def test_a_masked_division_is_traced_to_the_forward_division(self):
+        lin = torch.nn.Linear(3, 1)
+        x, target = torch.randn(8, 3), torch.tensor([1.0, 0.0] * 4)
+
+        def train():
+            rel = (lin(x).squeeze(1) - target) / target  # MARK-div
+            rel[target != 0].abs().mean().backward()
+
+        d = detect(train).detection
+        assert d.root.op == "aten.div.Tensor" and d.root.phase == "forward"
+        assert d.root.location.line == line_of("MARK-div")
+        assert d.root.facts["gradient_leak_through"] == "DivBackward0"
+
+    def test_a_gradient_made_non_finite_stops_before_the_optimizer_step(self):
+        w = torch.nn.Parameter(torch.tensor([1.0]))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def train():
+            (w * 2).sum().backward()
+            w.grad.fill_(float("nan"))
+            opt.step()
+
+        result = detect(train)
+        assert result.stopped
+        assert torch.isfinite(w).all(), "the bad update must not have been applied"
+
+
+class TestPhasesAndSteps:
+    def test_optimizer_steps_are_counted_and_history_kept(self):
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def train():
+            for _ in range(3):
+                opt.zero_grad()
+                F.mse_loss(model(torch.ones(4, 2)), torch.zeros(4, 1)).backward()
+                opt.step()
+            torch.log(torch.tensor([-1.0]))
+
+        result = detect(train)
+        assert result.detector.step == 3
+        assert result.detection.root.step == 3
+        assert len(result.detector.history_report().loss) == 3
+
+    def test_a_module_name_is_recorded(self):
+        class Head(torch.nn.Module):
+            def forward(self, x):
+                return torch.log(x)
+
+        model = torch.nn.Sequential(torch.nn.Identity(), Head())
+        d = detect(lambda: model(torch.tensor([-1.0]))).detection
+        assert d.root.module == "1"
+
+    def test_a_nan_inside_dataset_getitem_is_phase_data(self):
+        class Data(torch.utils.data.Dataset):
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                m = torch.zeros(3) if i == 2 else torch.ones(3)
+                return m / m.max()
+
+        def load():
+            for _ in torch.utils.data.DataLoader(Data(), batch_size=2):
+                pass
+
+        d = detect(load).detection
+        assert d.root.phase == "data" and d.root.op == "aten.div.Tensor"
+
+    def test_a_batch_arriving_non_finite_names_the_dataset_indices(self):
+        data = torch.ones(6, 2)
+        data[4, 1] = float("nan")
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=3)
+
+        def load():
+            for _ in loader:
+                pass
+
+        d = detect(load, check_batches=True).detection
+        assert d.root.phase == "data" and d.root.op == ""
+        assert d.root.facts["batch"] == 1 and d.root.facts["dataset_indices"] == [4]
+
+    def test_max_steps_stops_cleanly(self):
+        from nandoctor.detect.detector import StepLimitReached
+
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        steps = []
+
+        def train():
+            for i in range(10):
+                opt.zero_grad()
+                model(torch.ones(1, 2)).sum().backward()
+                opt.step()
+                steps.append(i)
+
+        try:
+            detect(train, max_steps=2)
+        except StepLimitReached:
+            pass
+        assert steps == [0]  # stopped inside the second step() call

@@ -1,0 +1,206 @@
+"""Each cause rule: a case that fires it, and near-misses that must not.
+
+The cases run for real under the detector (in-process), so the rules see exactly what
+they see in a user's run.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import detect
+from nandoctor.diagnose import diagnose
+from nandoctor.report.model import RunReport
+
+
+def cause_of(fn, **settings):
+    result = detect(fn, **settings)
+    assert result.stopped, "expected the detector to stop"
+    d = result.detection
+    report = RunReport(status="nonfinite", exit_code=3, script="t.py", step=result.detector.step,
+                       event=d.event, root=d.root, lineage=d.lineage, history=result.detector.history_report())
+    return diagnose(report)
+
+
+def stays_clean(fn, **settings) -> bool:
+    return not detect(fn, **settings).stopped
+
+
+def train_steps(loss_fn, params, steps=1, lr=0.1, opt_cls=torch.optim.SGD, **opt_kwargs):
+    opt = opt_cls(params, lr=lr, **opt_kwargs)
+
+    def run():
+        for _ in range(steps):
+            opt.zero_grad()
+            loss_fn().backward()
+            opt.step()
+
+    return run
+
+
+class TestLogNonpositive:
+    def test_log_of_zero_and_negatives_counts_them(self):
+        cause = cause_of(lambda: torch.log(torch.tensor([0.0, -1.0, 2.0])))
+        assert cause.id == "log_nonpositive"
+        assert "1 of 3 inputs are 0" in cause.explanation and "1 of 3 are negative" in cause.explanation
+        assert "clamp_min" in cause.fix
+
+    def test_log_backward_of_an_underflowed_softmax(self):
+        logits = torch.nn.Parameter(torch.tensor([[200.0, 0.0, -200.0]]))
+        cause = cause_of(lambda: -(torch.tensor([[0.0, 0.0, 1.0]]) * torch.log(torch.softmax(logits, -1))).sum().backward())
+        assert cause.id == "log_nonpositive"
+        assert "log_softmax" in cause.fix
+
+    def test_near_miss_log_of_a_tiny_positive_number_is_fine(self):
+        assert stays_clean(lambda: torch.log(torch.tensor([1e-30, 1e-38])))
+
+
+class TestDivision:
+    def test_zero_over_zero_is_div_by_zero(self):
+        mask = torch.zeros(4, 4)
+        cause = cause_of(lambda: mask / mask.max())
+        assert cause.id == "div_by_zero"
+        assert "0/0 = NaN" in cause.explanation and "all zeros" in cause.explanation
+
+    def test_division_by_a_zero_std_is_zero_variance(self):
+        x = torch.nn.Parameter(torch.ones(8, 3))
+        cause = cause_of(lambda: ((x - x.mean(0)) / x.std(0)).sum())
+        assert cause.id == "zero_variance"
+        assert "eps" in cause.fix or "1e-5" in cause.fix
+
+    def test_near_miss_masked_division_done_the_safe_way(self):
+        pred = torch.nn.Parameter(torch.randn(6))
+        target = torch.tensor([1.0, 0.0, 2.0, 0.0, 3.0, 1.0])
+
+        def loss():
+            mask = target != 0
+            safe = torch.where(mask, target, torch.ones_like(target))
+            return torch.where(mask, (pred - target) / safe, 0.0).abs().mean()
+
+        assert stays_clean(train_steps(loss, [pred]))
+
+    def test_masked_division_after_the_fact_leaks_into_the_gradient(self):
+        pred = torch.nn.Parameter(torch.randn(6))
+        target = torch.tensor([1.0, 0.0, 2.0, 0.0, 3.0, 1.0])
+        cause = cause_of(train_steps(lambda: ((pred - target) / target)[target != 0].abs().mean(), [pred]))
+        assert cause.id == "masked_inf_gradient_leak"
+        assert "DivBackward0" in cause.explanation and "where" in cause.fix
+
+
+class TestExpAndOverflow:
+    def test_exp_above_88_in_float32(self):
+        a = torch.nn.Parameter(torch.tensor([1000.0, 1.0]))
+        cause = cause_of(lambda: (torch.rand(2) / torch.exp(a)).sum().backward())
+        assert cause.id == "exp_overflow"
+        assert "1000" in cause.explanation and "88.72" in cause.explanation
+
+    def test_near_miss_exp_of_80_is_fine(self):
+        assert stays_clean(lambda: torch.exp(torch.tensor([80.0])) / 2)
+
+    def test_float16_product_past_65504(self):
+        cause = cause_of(lambda: torch.full((4,), 300.0, dtype=torch.float16) * 300.0)
+        assert cause.id == "fp16_overflow" and "bfloat16" in cause.fix
+
+    def test_geometric_growth_is_an_exploding_gradient(self):
+        torch.manual_seed(0)
+        x = torch.rand(64, 1) * 3000
+        y = 150 * x
+        model = torch.nn.Linear(1, 1)
+        cause = cause_of(train_steps(lambda: F.mse_loss(model(x), y), model.parameters(), steps=50, lr=1e-3))
+        assert cause.id == "exploding_gradient"
+        assert "clip_grad_norm_" in cause.fix and "→" in cause.explanation
+
+    def test_near_miss_a_single_overflow_without_history_is_not_exploding(self):
+        cause = cause_of(lambda: (torch.full((2,), 3e38) * 10).sum().backward() if False else
+                         torch.mm(torch.full((1, 2), 3e30, requires_grad=True), torch.full((2, 1), 3e30)).sum().backward())
+        assert cause.id != "exploding_gradient"
+
+
+class TestRootsAndDomains:
+    def test_sqrt_of_a_negative(self):
+        cause = cause_of(lambda: torch.sqrt(torch.tensor([4.0, -1.0])))
+        assert cause.id == "sqrt_negative" and "-1" in cause.explanation
+
+    def test_sqrt_of_zero_in_backward(self):
+        p = torch.nn.Parameter(torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
+        cause = cause_of(lambda: torch.sqrt(((p - torch.tensor([[1.0, 1.0], [0.0, 0.0]])) ** 2).sum(1)).sum().backward())
+        assert cause.id == "sqrt_zero_backward" and "1e-12" in cause.fix
+
+    def test_near_miss_sqrt_with_epsilon_is_fine(self):
+        p = torch.nn.Parameter(torch.tensor([[1.0, 1.0]]))
+        assert stays_clean(lambda: torch.sqrt(((p - 1) ** 2).sum(1) + 1e-12).sum().backward())
+
+    def test_acos_of_slightly_more_than_one(self):
+        cause = cause_of(lambda: torch.acos(torch.tensor([0.5, 1.0000001])))
+        assert cause.id == "domain_asin_acos" and "clamp" in cause.fix
+
+    def test_near_miss_acos_inside_the_domain(self):
+        assert stays_clean(lambda: torch.acos(torch.tensor([-1.0, 0.0, 1.0])))
+
+    def test_negative_base_to_a_fractional_power(self):
+        cause = cause_of(lambda: torch.tensor([-8.0, 4.0]) ** 0.5)
+        assert cause.id == "pow_invalid"
+
+    def test_norm_of_a_zero_vector_in_backward(self):
+        p = torch.nn.Parameter(torch.zeros(3))
+        cause = cause_of(lambda: (p.norm() ** 0.5).backward())
+        assert cause.id in {"norm_zero_backward", "pow_invalid"}
+
+    def test_near_miss_norm_of_a_zero_vector_alone_has_a_finite_gradient(self):
+        p = torch.nn.Parameter(torch.zeros(3))
+        assert stays_clean(lambda: torch.linalg.vector_norm(p).backward())
+
+
+class TestContext:
+    def test_ctc_names_the_impossible_items(self):
+        T, N, C = 6, 2, 5
+        log_probs = torch.randn(T, N, C).log_softmax(-1).requires_grad_()
+        targets = torch.tensor([1, 2, 1, 2, 3, 4, 1, 2, 3])
+        cause = cause_of(lambda: F.ctc_loss(log_probs, targets, torch.tensor([6, 6]), torch.tensor([2, 7])).backward())
+        assert cause.id == "ctc_infeasible"
+        assert "item 1 (6 frames for 7 labels" in cause.explanation and "zero_infinity=True" in cause.fix
+
+    def test_near_miss_ctc_with_zero_infinity_is_clean(self):
+        log_probs = torch.randn(6, 1, 5).log_softmax(-1).requires_grad_()
+        assert stays_clean(lambda: F.ctc_loss(log_probs, torch.tensor([1, 2, 3, 4, 1, 2, 3]), torch.tensor([6]),
+                                              torch.tensor([7]), zero_infinity=True).backward())
+
+    def test_a_non_finite_batch_is_input_data(self):
+        data = torch.randn(8, 3)
+        data[5, 0] = float("inf")
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=4)
+        cause = cause_of(lambda: [b for b in loader])
+        assert cause.id == "nonfinite_input_data"
+        assert "batch 1" in cause.explanation and "[5]" in cause.explanation
+
+    def test_a_nan_from_numpy_is_input_data(self):
+        import numpy as np
+
+        x = torch.from_numpy(np.array([1.0, np.nan], dtype=np.float32))
+        cause = cause_of(lambda: torch.nn.Linear(2, 1)(x))
+        assert cause.id == "nonfinite_input_data"
+
+    def test_a_loaded_nan_parameter_is_named(self):
+        model = torch.nn.Linear(2, 1)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["weight"][0, 0] = float("nan")
+        cause = cause_of(lambda: model.load_state_dict(state))
+        assert cause.id == "nonfinite_parameter"
+
+    def test_adam_with_zero_eps_is_an_invalid_optimizer(self):
+        w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        cause = cause_of(train_steps(lambda: (w[0] * 3), [w], opt_cls=torch.optim.Adam, lr=0.1, eps=0.0))
+        assert cause.id == "optimizer_invalid" and "eps" in cause.fix
+
+    def test_softmax_over_a_fully_masked_row_is_inf_arithmetic(self):
+        scores = torch.randn(2, 3)
+        mask = torch.tensor([[False, True, True], [True, True, True]])
+        cause = cause_of(lambda: torch.softmax(scores.masked_fill(mask, float("-inf")), -1))
+        assert cause.id == "inf_arithmetic"
+
+
+@pytest.mark.parametrize("unknown_op", [lambda: torch.tensor([float("nan")]).mul(1)])
+def test_unknown_lists_what_was_checked(unknown_op):
+    cause = cause_of(unknown_op)
+    assert cause.id in {"nonfinite_input_data", "unknown"}

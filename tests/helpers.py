@@ -1,0 +1,60 @@
+"""Test helpers: run code under the detector in-process, or nandoctor in a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from nandoctor.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Detected:
+    detector: object
+    stopped: bool
+
+    @property
+    def detection(self):
+        return self.detector.detection
+
+
+def detect(fn, **run_overrides) -> Detected:
+    """Run `fn()` under a Detector with the default settings; report whether it stopped."""
+    from nandoctor.detect.detector import Detector, NonFiniteFound
+
+    settings = dict(load_config().run, **run_overrides)
+    detector = Detector(settings)
+    stopped = False
+    try:
+        with detector:
+            fn()
+    except NonFiniteFound:
+        stopped = True
+    return Detected(detector, stopped)
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+    report: dict | None
+
+
+def run_nandoctor(args: list[str], cwd: Path, json_name: str | None = "report.json", env=None, timeout=180) -> CliResult:
+    """`python -m nandoctor ARGS` as a user would run it; `--json` is added when json_name is set."""
+    json_args = ["--json", str(cwd / json_name)] if json_name and args and args[0] == "run" else []
+    cmd = [sys.executable, "-m", "nandoctor", args[0], *json_args, *args[1:]]
+    full_env = dict(os.environ, **(env or {}))
+    full_env.pop("GITHUB_ACTIONS", None) if not (env and "GITHUB_ACTIONS" in env) else None
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=full_env)
+    report = None
+    if json_name and (cwd / json_name).exists():
+        report = json.loads((cwd / json_name).read_text())
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, report)

@@ -1,0 +1,62 @@
+"""The --json report follows shared/CONTRACT.md in every status."""
+from __future__ import annotations
+
+import json
+
+from helpers import run_nandoctor
+from nandoctor.report.json_report import render_json
+from nandoctor.report.model import RunReport
+
+SITE_FIELDS = {"phase", "op", "location", "backward_node", "module", "output", "inputs"}
+SUMMARY_FIELDS = {"name", "shape", "dtype", "min", "max", "nan", "posinf", "neginf", "zeros", "negatives"}
+CAUSE_IDS = {
+    "log_nonpositive", "div_by_zero", "exp_overflow", "sqrt_negative", "sqrt_zero_backward",
+    "norm_zero_backward", "pow_invalid", "domain_asin_acos", "atan2_zero_backward", "inf_arithmetic",
+    "masked_inf_gradient_leak", "ctc_infeasible", "fp16_overflow", "nonfinite_input_data",
+    "nonfinite_parameter", "exploding_gradient", "zero_variance", "optimizer_invalid", "unknown",
+}
+
+
+def assert_site(site: dict) -> None:
+    assert SITE_FIELDS <= site.keys()
+    assert site["phase"] in {"forward", "backward", "optimizer", "data", "init"}
+    assert isinstance(site["op"], str)
+    assert set(site["location"]) >= {"file", "line", "function", "code"}
+    assert isinstance(site["location"]["line"], int)
+    assert SUMMARY_FIELDS <= site["output"].keys()
+    for summary in site["inputs"]:
+        assert SUMMARY_FIELDS <= summary.keys() and summary["name"]
+
+
+def test_a_nonfinite_report_has_every_contract_field(tmp_path, script):
+    script("train.py", "import torch\nw = torch.nn.Parameter(torch.tensor([4.0]))\n"
+                       "loss = torch.sqrt(w - 5).sum()\nloss.backward()\n")
+    report = run_nandoctor(["run", "train.py"], tmp_path).report
+    assert report["schema"] == "nandoctor.run/1"
+    assert report["status"] == "nonfinite" and report["exit_code"] == 3
+    assert report["script"] == "train.py"
+    assert report["step"] is None  # no optimizer was seen
+    assert_site(report["event"])
+    assert_site(report["root"])
+    assert report["root"]["location"]["file"] == "train.py"
+    assert report["root"]["location"]["code"] == "loss = torch.sqrt(w - 5).sum()"
+    assert report["cause"]["id"] in CAUSE_IDS
+    assert all(report["cause"][k] for k in ("title", "explanation", "fix"))
+    assert report["lineage"] and report["lineage"][0]["op"] == report["root"]["op"]
+    for entry in report["lineage"]:
+        assert {"op", "phase", "location"} <= entry.keys()
+
+
+def test_a_clean_report_has_null_event_root_cause_and_empty_lineage(tmp_path, script):
+    script("train.py", "import torch\nprint(torch.ones(2).sum())\n")
+    report = run_nandoctor(["run", "train.py"], tmp_path).report
+    assert report["status"] == "clean" and report["exit_code"] == 0
+    assert report["event"] is None and report["root"] is None and report["cause"] is None
+    assert report["lineage"] == []
+
+
+def test_non_finite_history_values_are_valid_json():
+    report = RunReport(status="clean", exit_code=0, script="t.py")
+    report.history.loss = [1.0, float("inf"), float("nan")]
+    data = json.loads(render_json(report))
+    assert data["history"]["loss"] == [1.0, "inf", "nan"]

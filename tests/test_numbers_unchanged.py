@@ -1,0 +1,43 @@
+"""Never change the user's numbers: a healthy run ends with bit-identical parameters."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import run_nandoctor
+
+TRAIN = """\
+import sys, torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                      nn.Flatten(), nn.Linear(4 * 8 * 8, 3))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+data = TensorDataset(torch.randn(64, 1, 8, 8), torch.randint(0, 3, (64,)))
+for epoch in range(2):
+    for x, y in DataLoader(data, batch_size=16, shuffle=True):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+torch.save(model.state_dict(), sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("mode", ["trace", "watch"])
+def test_parameters_are_bit_identical_to_plain_python(tmp_path, script, mode):
+    script("train.py", TRAIN)
+    subprocess.run([sys.executable, "train.py", "plain.pt"], cwd=tmp_path, check=True, timeout=180)
+    result = run_nandoctor(["run", "--mode", mode, "train.py", "wrapped.pt"], tmp_path)
+    assert result.code == 0, result.stderr
+    plain = torch.load(tmp_path / "plain.pt")
+    wrapped = torch.load(tmp_path / "wrapped.pt")
+    assert plain.keys() == wrapped.keys()
+    for name in plain:
+        assert torch.equal(plain[name], wrapped[name]), name
+        assert plain[name].numpy().tobytes() == wrapped[name].numpy().tobytes(), name
