@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from nandoctor.config import Config
 from nandoctor.detect.detector import Detector, NonFiniteFound, StepLimitReached
 from nandoctor.detect.provenance import SourceLocator
+from nandoctor.detect.watch import StepWatcher
+from nandoctor import replay
+from nandoctor.replay import RngState
 from nandoctor.diagnose import diagnose
 from nandoctor.errors import ExitCode
 from nandoctor.report.model import RunReport
@@ -24,6 +27,8 @@ class RunRequest:
     args: list[str]
     as_module: bool
     config: Config
+    config_path: str | None = None
+    replay_rng: str | None = None  # set in a watch-mode replay: the RNG state to start from
 
 
 def prepare(request: RunRequest) -> ScriptRunner:
@@ -33,27 +38,54 @@ def prepare(request: RunRequest) -> ScriptRunner:
     return runner
 
 
+def run(request: RunRequest, runner: ScriptRunner) -> RunReport:
+    """Run the script in the requested mode and report what happened."""
+    if request.config.run["mode"] == "watch":
+        return run_watched(request, runner)
+    return run_traced(request, runner)
+
+
 def run_traced(request: RunRequest, runner: ScriptRunner) -> RunReport:
-    """Run the script under the per-op detector and report what happened."""
-    locator = SourceLocator(main_file=runner.main_module.__file__, main_display=runner.display_path)
-    detector = Detector(request.config.run, locator)
+    """Run the script under the per-op detector."""
+    detector = Detector(request.config.run, _locator(runner))
+    if request.replay_rng:
+        RngState.load(request.replay_rng).restore()
+    return _run_under(detector, runner, mode="trace")
+
+
+def run_watched(request: RunRequest, runner: ScriptRunner) -> RunReport:
+    """Run the script under the step-boundary watcher; localise a finding by replay."""
+    watcher = StepWatcher(request.config.run, _locator(runner))
+    rng = RngState.capture()
+    report = _run_under(watcher, runner, mode="watch")
+    if watcher.finding is None:
+        return report
+    return replay.localise(request.target, request.args, request.as_module, request.config_path,
+                           watcher.finding, rng, report)
+
+
+def _locator(runner: ScriptRunner) -> SourceLocator:
+    return SourceLocator(main_file=runner.main_module.__file__, main_display=runner.display_path)
+
+
+def _run_under(observer, runner: ScriptRunner, mode: str) -> RunReport:
     stopped_by = None
     outcome: ScriptOutcome | None
     try:
-        with detector:
+        with observer:
             outcome = runner.run(passthrough=(NonFiniteFound, StepLimitReached))
     except NonFiniteFound:
-        outcome = None
+        outcome = ScriptOutcome(int(ExitCode.FOUND))
     except StepLimitReached:
         outcome, stopped_by = ScriptOutcome(0), "max_steps"
     finally:
         _flush_user_streams()
-    report = build_report(runner, detector, outcome, mode="trace")
+    report = build_report(runner, observer, outcome, mode=mode)
     report.stopped_by = stopped_by
     return report
 
 
-def build_report(runner: ScriptRunner, detector: Detector, outcome: ScriptOutcome | None, mode: str) -> RunReport:
+def build_report(runner: ScriptRunner, detector, outcome: ScriptOutcome, mode: str) -> RunReport:
     step = detector.step if detector.optimizer_seen else None
     history = detector.history_report()
     if detector.detection is not None:
@@ -64,7 +96,6 @@ def build_report(runner: ScriptRunner, detector: Detector, outcome: ScriptOutcom
         )
         report.cause = diagnose(report)
         return report
-    assert outcome is not None
     if outcome.exception is not None:
         exc = outcome.exception
         return RunReport(

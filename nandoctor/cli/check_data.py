@@ -26,6 +26,8 @@ def check_data(
         None, "--num-classes", metavar="N", help="Integer label arrays must lie in [0, N)."),
     workers: Optional[int] = typer.Option(
         None, "--workers", metavar="N", help="Files checked in parallel (0: one per core)."),
+    junit_path: Optional[Path] = typer.Option(
+        None, "--junit", metavar="PATH", help="Also write JUnit XML: a test case per file with problems."),
 ) -> int:
     """Check data files for NaN, Inf, constant arrays, empty or unreadable files.
 
@@ -49,4 +51,14 @@ def check_data(
     render(report, stdout_console())
     if json_path is not None:
         write_json(report, str(json_path))
+    _ci_outputs(report.to_dict(), junit_path, config.ci["max_annotations"])
     return int(ExitCode.FOUND if report.errors else ExitCode.CLEAN)
+
+
+def _ci_outputs(data: dict, junit_path: Optional[Path], max_annotations: int) -> None:
+    """JUnit XML when asked for; GitHub annotations and step summary when running there."""
+    from nandoctor.report import github, junit
+
+    if junit_path is not None:
+        junit.write_text(junit_path, junit.data_junit(data))
+    github.emit_github(github.data_annotations(data, limit=max_annotations), github.data_summary_markdown(data))

@@ -27,6 +27,8 @@ def run_command(
     config_path: Optional[Path] = typer.Option(None, "--config", help="YAML settings merged over the defaults."),
     mode: Optional[str] = typer.Option(None, "--mode", help="trace: check every op (default). watch: check at step boundaries."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop cleanly after N optimizer steps."),
+    junit_path: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case for the run)."),
+    replay_rng: Optional[str] = typer.Option(None, "--replay-rng", hidden=True),  # watch mode's replay only
 ) -> int:
     """Run a training script exactly as python would and stop at the first NaN/Inf.
 
@@ -36,18 +38,30 @@ def run_command(
     config = load_config(config_path).with_overrides("run", mode=mode, max_steps=max_steps)
     if config.run["mode"] not in MODES:
         raise UsageError(f"unknown mode '{config.run['mode']}' (choose from {', '.join(MODES)})")
-    if json_path is not None:
-        json_report.check_writable(json_path)
+    for path in (json_path, junit_path):
+        if path is not None:
+            json_report.check_writable(path)
     from nandoctor import session  # imports torch: only when a script is actually run
     from nandoctor.report import terminal
 
-    request = session.RunRequest(target, args, as_module, config)
+    request = session.RunRequest(target, args, as_module, config,
+                                 config_path=str(config_path) if config_path else None, replay_rng=replay_rng)
     runner = session.prepare(request)
-    report = session.run_traced(request, runner)
+    report = session.run(request, runner)
     terminal.print_report(report, context_lines=config.run["context_lines"])
     if json_path is not None:
         json_report.write_json(json_report.render_json(report), json_path)
+    _ci_outputs(report, junit_path)
     return report.exit_code
+
+
+def _ci_outputs(report, junit_path: Optional[Path]) -> None:
+    """JUnit XML when asked for; GitHub annotations and step summary when running there."""
+    from nandoctor.report import github, junit
+
+    if junit_path is not None:
+        junit.write_text(junit_path, junit.run_junit(report))
+    github.emit_github(github.run_annotations(report), github.run_summary_markdown(report))
 
 
 def _target(script: str | None, module: str | None, extra: list[str]) -> tuple[str, list[str], bool]:

@@ -259,8 +259,8 @@ class Detector:
         with self.internal():
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             if grads:
-                norms = torch._foreach_norm(grads)
-                total = float(torch.linalg.vector_norm(torch.stack([n.float() for n in norms])).item())
+                norms = torch._foreach_norm(grads, 2, dtype=torch.float64)  # float64: no overflow of finite grads
+                total = float(torch.linalg.vector_norm(torch.stack(norms)).item())
                 self._pending_grad_norm = total
                 if not math.isfinite(total):
                     self._stop_on_bad_gradient(optimizer, norms)

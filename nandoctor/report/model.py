@@ -30,6 +30,10 @@ class Location:
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Location | None":
+        return cls(data["file"], data["line"], data["function"], data["code"]) if data else None
+
 
 @dataclass
 class OpSite:
@@ -62,6 +66,16 @@ class OpSite:
             "facts": self.facts,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OpSite":
+        return cls(
+            op=data["op"], phase=data["phase"], location=Location.from_dict(data.get("location")),
+            module=data.get("module"), backward_node=data.get("backward_node"),
+            output=TensorSummary.from_dict(data["output"]) if data.get("output") else None,
+            inputs=[TensorSummary.from_dict(s) for s in data.get("inputs") or []],
+            step=data.get("step"), reason=data.get("reason", ""), facts=dict(data.get("facts") or {}),
+        )
+
     def lineage_entry(self) -> dict[str, Any]:
         return {
             "op": self.op,
@@ -83,6 +97,10 @@ class Cause:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "title": self.title, "explanation": self.explanation, "fix": self.fix}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Cause | None":
+        return cls(data["id"], data["title"], data["explanation"], data["fix"]) if data else None
+
 
 @dataclass
 class History:
@@ -94,6 +112,16 @@ class History:
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "loss": self.loss, "grad_norm": self.grad_norm}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "History":
+        data = data or {}
+
+        def number(v):  # JSON carries non-finite floats as strings
+            return float(v) if isinstance(v, str) else v
+
+        return cls(list(data.get("steps", [])), [number(v) for v in data.get("loss", [])],
+                   [number(v) for v in data.get("grad_norm", [])])
 
 
 @dataclass
@@ -114,6 +142,20 @@ class RunReport:
     reproduced: bool | None = None  # watch mode: did the failure come back under trace?
     weights_clean: bool | None = None  # watch mode: stopped before a bad update was applied
     stopped_by: str | None = None  # e.g. "max_steps"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunReport":
+        """Read back a report written by `to_dict` (watch mode reads its replay's report)."""
+        lineage_sites = [OpSite.from_dict(dict(entry, inputs=[])) for entry in data.get("lineage") or []]
+        return cls(
+            status=data["status"], exit_code=data["exit_code"], script=data["script"], step=data.get("step"),
+            event=OpSite.from_dict(data["event"]) if data.get("event") else None,
+            root=OpSite.from_dict(data["root"]) if data.get("root") else None,
+            cause=Cause.from_dict(data.get("cause")), lineage=lineage_sites, mode=data.get("mode", "trace"),
+            history=History.from_dict(data.get("history")), error=data.get("error"),
+            notes=list(data.get("notes") or []), reproduced=data.get("reproduced"),
+            weights_clean=data.get("weights_clean"), stopped_by=data.get("stopped_by"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

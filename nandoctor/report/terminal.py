@@ -75,6 +75,8 @@ def _nonfinite(report: RunReport, context_lines: int):
     if history is not None:
         parts.append(Text(""))
         parts.append(history)
+    if report.mode == "watch":
+        parts.append(_watch_line(report))
     for note in report.notes:
         parts.append(Text.from_markup(f"[dim]note:[/] {escape(note)}"))
     kind = _kind(event)
@@ -82,6 +84,14 @@ def _nonfinite(report: RunReport, context_lines: int):
     step = f", step {report.step}" if report.step is not None else ""
     title = f"nandoctor: {kind} in {root.phase}{escape(where)}{step}"
     return Panel(Group(*parts), title=f"[bold red]{title}[/]", title_align="left", border_style="red", expand=False)
+
+
+def _watch_line(report: RunReport) -> Text:
+    weights = {True: "[green]weights still finite: the bad update was not applied[/]",
+               False: "[red]weights already non-finite[/]", None: "weights not checked (no optimizer seen)"}
+    replay = {True: "reproduced under --mode trace", False: "[yellow]NOT reproduced on replay[/]", None: ""}
+    bits = [b for b in (weights[report.weights_clean], replay[report.reproduced]) if b]
+    return Text.from_markup("[bold]Watch mode:[/] " + "; ".join(bits))
 
 
 def _kind(site: OpSite) -> str:

@@ -1,0 +1,140 @@
+"""Watch mode: check only at step boundaries, cheap enough to leave on for a whole run.
+
+Per optimizer step it costs one reduction over the gradients and one host sync: the loss
+seen at `backward()` is kept on its device, and before `optimizer.step()` the loss, the
+global gradient norm and their finiteness come back to the host in a single transfer.
+A non-finite loss or gradient stops the run *before* the update is applied, so the
+weights are still clean. Localising the op is then the replay's job (see `replay.py`):
+the script runs again, seeded the same, under the per-op detector.
+
+Without an optimizer (a hand-written update loop) the loss is checked at `backward()`.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from nandoctor.detect.detector import NonFiniteFound, StepLimitReached, _StepHistory
+from nandoctor.detect.hooks import TrainingHooks
+from nandoctor.detect.provenance import SourceLocator
+from nandoctor.report.model import History, Location
+
+
+@dataclass
+class WatchFinding:
+    """What watch mode saw: which value went non-finite, at which step, called from where."""
+
+    what: str  # "loss" or "gradient"
+    step: int  # optimizer steps completed
+    location: Location | None  # the backward() / step() call
+    loss: float | None
+    grad_norm: float | None
+    weights_clean: bool | None
+
+
+class StepWatcher:
+    def __init__(self, run_settings, locator: SourceLocator | None = None) -> None:
+        self.settings = dict(run_settings, check_batches=False)
+        self.max_steps = int(run_settings.get("max_steps", 0) or 0)
+        self.locator = locator or SourceLocator()
+        self.history = _StepHistory(int(run_settings.get("history", 64)))
+        self.step = 0
+        self.optimizer_seen = False
+        self.finding: WatchFinding | None = None
+        self.detection = None  # watch mode never localises by itself: see replay.py
+        self._loss: torch.Tensor | None = None
+        self._loss_where = None
+        self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
+        self._hooks = TrainingHooks(self)
+
+    def __enter__(self) -> "StepWatcher":
+        self._hooks.install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.uninstall()
+
+    # -- the boundaries --------------------------------------------------------------
+
+    def before_backward(self, roots) -> int:
+        loss = next((t for t in roots if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+        if loss is None:
+            return 0
+        self._loss = loss.detach().sum() if loss.numel() != 1 else loss.detach().reshape(())
+        self._loss_where = self.locator.user_frame(2)
+        if not self.optimizer_seen:  # no step boundary to batch the check with
+            value = float(self._loss.item())
+            if not math.isfinite(value):
+                self._stop("loss", value, None, self._loss_where)
+        return 0
+
+    def after_backward(self, roots, mark: int) -> None:
+        pass
+
+    def after_grad(self, outputs, mark: int) -> None:
+        pass
+
+    def before_optimizer_step(self, optimizer) -> None:
+        self.optimizer_seen = True
+        self._optimizers.add(optimizer)
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        values = []
+        if self._loss is not None:
+            values.append(self._loss.double())
+        if grads:
+            # In float64: a finite float32 gradient's norm must not overflow into a false alarm.
+            norms = torch._foreach_norm(grads, 2, dtype=torch.float64)
+            values.append(torch.linalg.vector_norm(torch.stack(norms)))
+        if not values:
+            return
+        # The one host sync of the step: loss and gradient norm together.
+        numbers = torch.stack([v.to(values[0].device) for v in values]).tolist()
+        loss = numbers[0] if self._loss is not None else None
+        grad_norm = numbers[-1] if grads else None
+        self._pending = (loss, grad_norm)
+        if loss is not None and not math.isfinite(loss):
+            self._stop("loss", loss, grad_norm, self._loss_where)
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            self._stop("gradient", loss, grad_norm, self.locator.user_frame(2))
+
+    def after_optimizer_step(self, optimizer) -> None:
+        self.step += 1
+        loss, grad_norm = getattr(self, "_pending", (None, None))
+        self.history.add(self.step, loss, grad_norm)
+        self._loss = None
+        if self.max_steps and self.step >= self.max_steps:
+            raise StepLimitReached()
+
+    def data_started(self) -> None:
+        pass
+
+    def data_finished(self) -> None:
+        pass
+
+    def check_batch(self, batch, batch_number: int, indices) -> None:
+        pass
+
+    # -- stopping --------------------------------------------------------------------
+
+    def _stop(self, what: str, loss, grad_norm, where) -> None:
+        self.finding = WatchFinding(what, self.step, self.locator.location(where), loss, grad_norm,
+                                    weights_clean=self._weights_clean())
+        raise NonFiniteFound(f"the {what} is non-finite")
+
+    def _weights_clean(self) -> bool | None:
+        """Are the parameters finite now? (On the rare path only: one exact check.)
+
+        No update was applied from the bad gradient, but a non-finite loss can come from
+        weights an earlier step corrupted (an optimizer with eps=0 and finite gradients).
+        None when no optimizer was seen, so there is nothing to vouch for.
+        """
+        params = [p for opt in self._optimizers for g in opt.param_groups for p in g["params"]]
+        if not params:
+            return None
+        return all(bool(torch.isfinite(p).all()) for p in params if p.is_floating_point())
+
+    def history_report(self) -> History:
+        return self.history.as_report()
