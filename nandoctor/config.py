@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
         "stop_on_inf_dtypes": ["float16"],
         # check batches as they come out of a DataLoader.
         "check_batches": True,
+        # check every op inside optimizer.step() (slower); by default the step is checked
+        # once at its end, and a failure there is localised by a replay that does this.
+        "check_optimizer_ops": False,
         # stop after this many optimizer steps (0: never), making any script a smoke test.
         "max_steps": 0,
         # steps of loss / gradient-norm history kept for the exploding-gradient rule.

@@ -73,11 +73,12 @@ class RngState:
 
 
 def localise(target: str, args: list[str], as_module: bool, config_path: str | None, finding, rng: RngState,
-             watch_report: RunReport) -> RunReport:
-    """Replay under trace; return the replay's report marked as reproduced, or a
-    non-reproducible report built from what watch mode saw."""
+             first_report: RunReport, keep_on_miss: bool = False) -> RunReport:
+    """Replay under trace; return the replay's report marked as reproduced. When the
+    failure does not come back: the first run's own report if `keep_on_miss`, else a
+    non-reproducible report built from what the first run saw."""
     note_line(
-        f"watch mode: the {finding.what} went non-finite at step {finding.step + 1}"
+        f"{first_report.mode} mode: the {finding.what} went non-finite at step {finding.step + 1}"
         + (" (the update was not applied)" if finding.weights_clean else "")
         + "; re-running the script under --mode trace to find the op..."
     )
@@ -95,13 +96,18 @@ def localise(target: str, args: list[str], as_module: bool, config_path: str | N
     if proc.returncode == ExitCode.INTERRUPTED:
         raise KeyboardInterrupt
     if replayed is not None and replayed.status == "nonfinite":
-        replayed.mode = "watch"
+        replayed.mode = first_report.mode
         replayed.reproduced = True
         replayed.weights_clean = finding.weights_clean
-        replayed.notes.insert(0, f"watch mode stopped at step {finding.step + 1} on a non-finite {finding.what}; "
-                                 "the replay under --mode trace found the op above.")
+        replayed.notes.insert(0, f"{first_report.mode} mode stopped at step {finding.step + 1} on a non-finite "
+                                 f"{finding.what}; a seeded replay checking every op found the op above.")
         return replayed
-    return _not_reproduced(finding, watch_report, replayed, proc.stderr)
+    if keep_on_miss:
+        first_report.reproduced = False
+        first_report.notes.append("a seeded replay checking every op did not reproduce the failure, so the op "
+                                  "inside the step is not known; nondeterminism or hardware may be involved.")
+        return first_report
+    return _not_reproduced(finding, first_report, replayed, proc.stderr)
 
 
 def _read(path: Path) -> RunReport | None:

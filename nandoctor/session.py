@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from nandoctor.config import Config
 from nandoctor.detect.detector import Detector, NonFiniteFound, StepLimitReached
 from nandoctor.detect.provenance import SourceLocator
-from nandoctor.detect.watch import StepWatcher
+from nandoctor.detect.watch import StepWatcher, WatchFinding
 from nandoctor import replay
 from nandoctor.replay import RngState
 from nandoctor.diagnose import diagnose
@@ -46,11 +46,23 @@ def run(request: RunRequest, runner: ScriptRunner) -> RunReport:
 
 
 def run_traced(request: RunRequest, runner: ScriptRunner) -> RunReport:
-    """Run the script under the per-op detector."""
-    detector = Detector(request.config.run, _locator(runner))
+    """Run the script under the per-op detector.
+
+    Inside `optimizer.step()` ops are not checked one by one; the step's result is checked
+    once. When that check fails, a seeded replay that does check them finds the op.
+    """
+    settings = dict(request.config.run)
     if request.replay_rng:
         RngState.load(request.replay_rng).restore()
-    return _run_under(detector, runner, mode="trace")
+        settings["check_optimizer_ops"] = True
+    rng = RngState.capture()
+    detector = Detector(settings, _locator(runner))
+    report = _run_under(detector, runner, mode="trace")
+    if report.root is not None and report.root.facts.get("needs_replay") and not request.replay_rng:
+        finding = WatchFinding("parameter update", detector.step, report.root.location, None, None, weights_clean=False)
+        return replay.localise(request.target, request.args, request.as_module, request.config_path,
+                               finding, rng, report, keep_on_miss=True)
+    return report
 
 
 def run_watched(request: RunRequest, runner: ScriptRunner) -> RunReport:

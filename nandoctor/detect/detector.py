@@ -19,6 +19,7 @@ Exception` cannot swallow it) and `result()` gives the event, the root and the l
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +27,9 @@ import torch
 
 from nandoctor.detect import hooks
 from nandoctor.detect.mode import CheckingMode
-from nandoctor.detect.ops import op_name
+from nandoctor.detect.ops import is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
-from nandoctor.detect.records import Record, RecordTable
+from nandoctor.detect.records import Record, RecordTable, storage_key
 from nandoctor.diagnose.facts import collect_facts
 from nandoctor.report.model import History, OpSite
 from nandoctor.stats import summarize
@@ -76,6 +77,9 @@ class Detector:
         self.settings = run_settings
         self.stop_inf_dtypes = {getattr(torch, name) for name in run_settings.get("stop_on_inf_dtypes", ())}
         self.max_steps = int(run_settings.get("max_steps", 0) or 0)
+        # Check each op inside optimizer.step() (a replay localising an optimizer failure
+        # does); by default the step is checked once, at its end.
+        self.check_optimizer_ops = bool(run_settings.get("check_optimizer_ops", False))
         self.locator = locator or SourceLocator()
         self.modules = ModuleTracker()
         self.sites = NodeSites()
@@ -89,6 +93,7 @@ class Detector:
         self.in_optimizer = False
         self.data_depth = 0
         self.last_backward_record_order = -1
+        self._optimizers_checked: "weakref.WeakSet" = weakref.WeakSet()
         self.history = _StepHistory(int(run_settings.get("history", 64)))
         self._pending_loss: float | None = None
         self._pending_grad_norm: float | None = None
@@ -101,13 +106,30 @@ class Detector:
         self.modules.install()
         self._hooks.install()
         self.mode.__enter__()
+        self._suspended = False
         return self
 
     def __exit__(self, *exc) -> None:
         self.passive = True
-        self.mode.__exit__(None, None, None)
+        if not self._suspended:
+            self.mode.__exit__(None, None, None)
         self._hooks.uninstall()
         self.modules.uninstall()
+
+    def _suspend(self) -> None:
+        """Take the per-op mode off the stack (optimizer step, data loading): these phases
+        are checked at their boundary instead, which is what makes trace mode cheap there.
+        Only done when ours is the innermost mode, so a user's own mode is never disturbed."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if not self._suspended and _get_current_dispatch_mode() is self.mode:
+            self.mode.__exit__(None, None, None)
+            self._suspended = True
+
+    def _resume(self) -> None:
+        if self._suspended:
+            self._suspended = False
+            self.mode.__enter__()
 
     class _Internal:
         def __init__(self, detector: "Detector") -> None:
@@ -159,17 +181,24 @@ class Detector:
 
     def _record_op(self, func, args, kwargs, out, node, created_seq, intended) -> Record:
         tensors = list(_named_tensor_args(func, args, kwargs))
-        parents, untracked = [], False
-        for _, t in tensors:
-            if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        parents, untracked, untracked_parameter = [], False, None
+        overwritten = _overwritten_name(func, tensors, out)
+        for name, t in tensors:
+            if name == overwritten:
+                # Its values before the op are gone: only a record says it was bad before.
+                parent = self.records.get(t)
+                parents += [parent] if parent is not None else []
+            elif t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
                 parent = self.records.get(t)
                 if parent is None:
                     untracked = True
+                    untracked_parameter = untracked_parameter or self._parameter_of(t)
                 else:
                     parents.append(parent)
         origin = not any(not p.intended for p in parents)
         summary = summarize(out, "output")
-        inputs = [summarize(t, name) for name, t in tensors] if origin else []
+        inputs = ([summarize(t, f"{name} (after: overwritten in place)" if name == overwritten else name)
+                   for name, t in tensors] if origin else [])
         phase = self.phase(node, args)
         if node is not None:
             seq = node._sequence_nr()
@@ -178,7 +207,7 @@ class Detector:
         else:
             seq = created_seq
             where, module, node_name = self.locator.user_frame(3), self.modules.current, None
-        return Record(
+        record = Record(
             op=op_name(func),
             phase=phase,
             where=where,
@@ -194,6 +223,15 @@ class Detector:
             untracked_input=untracked,
             facts=_origin_facts(func, args, kwargs, tensors) if origin else {},
         )
+        if untracked_parameter is not None:
+            record.facts["parameter"] = untracked_parameter
+            if self.optimizer_seen:
+                # Parameters change outside the checked ops only inside optimizer.step(),
+                # which is checked at its boundary: a seeded replay that checks each of its
+                # ops tells which one made the value.
+                record.facts["needs_replay"] = True
+                record.facts["written_by_optimizer"] = True
+        return record
 
     def carry(self, args, out) -> None:
         """A view/copy/index of a recorded non-finite tensor carries its record along."""
@@ -216,9 +254,13 @@ class Detector:
             for t in tensors:
                 if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
                     continue
-                if t.numel() == 1 and self._pending_loss is None:
-                    self._pending_loss = float(t.detach().item())
-                if not bool(torch.isfinite(t).all()):
+                if t.numel() == 1:  # the usual scalar loss: one read gives the value and the check
+                    value = float(t.detach().item())
+                    self._pending_loss = value if self._pending_loss is None else self._pending_loss
+                    finite = math.isfinite(value)
+                else:
+                    finite = bool(torch.isfinite(t).all())
+                if not finite:
                     record = self.records.get(t) or self._bare_record("loss", t, "forward")
                     self._stop(record, "the loss is non-finite")
         return self._order_mark()
@@ -259,16 +301,25 @@ class Detector:
         with self.internal():
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             if grads:
-                norms = torch._foreach_norm(grads, 2, dtype=torch.float64)  # float64: no overflow of finite grads
-                total = float(torch.linalg.vector_norm(torch.stack(norms)).item())
+                total = global_norm(grads)
                 self._pending_grad_norm = total
                 if not math.isfinite(total):
-                    self._stop_on_bad_gradient(optimizer, norms)
-            self._check_parameters(optimizer)
+                    self._stop_on_bad_gradient(optimizer)
+            if optimizer not in self._optimizers_checked:
+                # Once per optimizer: parameters that were non-finite before training
+                # (every later change to them is an op the detector checks).
+                self._optimizers_checked.add(optimizer)
+                self._check_parameters(optimizer)
         self.in_optimizer = True
+        if not self.check_optimizer_ops:
+            self._suspend()
 
     def after_optimizer_step(self, optimizer) -> None:
         self.in_optimizer = False
+        self._resume()
+        if not self.check_optimizer_ops:
+            with self.internal():
+                self._check_update(optimizer)
         self.step += 1
         self.history.add(self.step, self._pending_loss, self._pending_grad_norm)
         self._pending_loss = self._pending_grad_norm = None
@@ -279,19 +330,60 @@ class Detector:
     def data_started(self) -> None:
         self.training_started = True
         self.data_depth += 1
+        self._suspend()
 
     def data_finished(self) -> None:
         self.data_depth -= 1
+        if not self.data_depth:
+            self._resume()
 
-    def check_batch(self, batch, batch_number: int, indices) -> None:
-        """A batch out of a DataLoader that is already non-finite stops the run (phase data)."""
+    def check_batch(self, batch, batch_number: int, indices, dataset=None) -> None:
+        """A batch out of a DataLoader that is already non-finite stops the run (phase data).
+
+        Data loading runs without the per-op mode (collation is hundreds of small ops, and
+        workers run in other processes anyway). When a batch is bad, the bad samples of a
+        map-style dataset are fetched again here, under the mode, so an op in `__getitem__`
+        that made the NaN (`mask / mask.max()`) is found with its line; otherwise the
+        batch itself is reported.
+        """
         with self.internal():
             for path, t in _tensors_in(batch):
                 if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                    facts = _batch_facts(t, path, batch_number, indices)
+                    self._refetch(dataset, facts.get("dataset_indices"))
                     record = self.records.get(t) or self._bare_record("", t, "data")
-                    if record.op == "" or record.phase != "data":
-                        record.facts.update(_batch_facts(t, path, batch_number, indices))
+                    record.facts.update(facts)
                     self._stop(record, f"batch {batch_number} from the DataLoader is non-finite")
+
+    def _refetch(self, dataset, indices) -> None:
+        if dataset is None or not indices or not hasattr(dataset, "__getitem__"):
+            return
+        self.data_depth += 1
+        self.passive = False
+        try:
+            for index in indices:
+                dataset[index]  # a NaN made here stops the run with its op and line
+        except NonFiniteFound:
+            raise
+        except Exception:  # noqa: BLE001 - refetching is best effort; the batch is reported anyway
+            pass
+        finally:
+            self.passive = True
+            self.data_depth -= 1
+
+    def _check_update(self, optimizer) -> None:
+        """After optimizer.step(): one reduction over the parameters it may have changed.
+        A non-finite one stops the run; a seeded replay then finds the op inside the step."""
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.is_floating_point()]
+        if not params or math.isfinite(global_norm(params)):
+            return
+        for p in params:
+            if not bool(torch.isfinite(p).all()):
+                record = self._bare_record("", p, "optimizer")
+                record.facts["parameter"] = self.modules.parameter_name(p) or _param_name(optimizer, p)
+                record.facts["optimizer"] = type(optimizer).__name__
+                record.facts["needs_replay"] = True
+                self._stop(record, f"optimizer.step() ({type(optimizer).__name__}) made a parameter non-finite")
 
     # -- stopping and the result ---------------------------------------------------------
 
@@ -304,13 +396,20 @@ class Detector:
                     record.facts.setdefault("parameter_before_step", True)
                     self._stop(record, "a parameter is non-finite before the optimizer step")
 
-    def _stop_on_bad_gradient(self, optimizer, norms) -> None:
+    def _stop_on_bad_gradient(self, optimizer) -> None:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
                     record = self.records.get(p.grad) or self._bare_record("", p.grad, "backward")
                     record.facts.setdefault("parameter", self.modules.parameter_name(p) or _param_name(optimizer, p))
                     self._stop(record, "a gradient is non-finite before the optimizer step")
+
+    def _parameter_of(self, t: torch.Tensor) -> str | None:
+        """The name of the parameter `t` is (or is a view of), if it is one."""
+        for candidate in (t, t._base):
+            if isinstance(candidate, torch.nn.Parameter):
+                return self.modules.parameter_name(candidate) or f"a parameter of shape {tuple(candidate.shape)}"
+        return None
 
     def _bare_record(self, op: str, t: torch.Tensor, phase: str) -> Record:
         """A record for a non-finite tensor no op of which was seen being made."""
@@ -369,6 +468,14 @@ class Detector:
         return self.history.as_report()
 
 
+def _overwritten_name(func, tensors, out) -> str | None:
+    """The argument an in-place op wrote its result into (`self` of `log_`), if any."""
+    if not is_inplace(func):
+        return None
+    key = storage_key(out)
+    return next((name for name, t in tensors if storage_key(t) == key), None)
+
+
 def _origin_facts(func, args, kwargs, tensors) -> dict[str, Any]:
     """Facts about the op that made a non-finite value, for the diagnosis rules: the op's
     own (CTC lengths, ...) and which autograd op produced each input (a softmax, a std)."""
@@ -379,6 +486,16 @@ def _origin_facts(func, args, kwargs, tensors) -> dict[str, Any]:
     if producers:
         facts["input_producers"] = producers
     return facts
+
+
+def global_norm(tensors: list[torch.Tensor]) -> float:
+    """The 2-norm over all `tensors`: non-finite iff some element is. One reduction per
+    tensor in their own dtype; only if that overflows is it recomputed in float64, so a
+    finite float32 gradient never reads as Inf."""
+    total = float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(tensors)])).item())
+    if not math.isfinite(total):
+        total = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))).item())
+    return total
 
 
 def _leaves(roots):

@@ -9,6 +9,7 @@ Every patch is undone on `uninstall()`.
 """
 from __future__ import annotations
 
+import collections
 import functools
 
 import torch
@@ -28,7 +29,7 @@ class TrainingHooks:
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.detector.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
-        self._patch(dataloader_module._SingleProcessDataLoaderIter, "_next_index", self._wrap_next_index)
+        self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
 
     def uninstall(self) -> None:
         while self._undo:
@@ -77,8 +78,10 @@ class TrainingHooks:
                 detector.data_finished()
             number = getattr(iterator, "_nandoctor_batches", 0)
             iterator._nandoctor_batches = number + 1
+            pending = getattr(iterator, "_nandoctor_indices", None)
+            indices = pending.popleft() if pending else None
             if detector.settings.get("check_batches", True):
-                detector.check_batch(batch, number, getattr(iterator, "_nandoctor_indices", None))
+                detector.check_batch(batch, number, indices, getattr(iterator, "_dataset", None))
             return batch
 
         return __next__
@@ -87,7 +90,11 @@ class TrainingHooks:
         @functools.wraps(original)
         def _next_index(iterator):
             index = original(iterator)
-            iterator._nandoctor_indices = index  # the dataset indices of the batch being made
+            # Batches come out in the order their indices were drawn (also with worker
+            # processes, which prefetch): a queue pairs each batch with its dataset indices.
+            if not hasattr(iterator, "_nandoctor_indices"):
+                iterator._nandoctor_indices = collections.deque()
+            iterator._nandoctor_indices.append(index)
             return index
 
         return _next_index

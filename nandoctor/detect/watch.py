@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nandoctor.detect.detector import NonFiniteFound, StepLimitReached, _StepHistory
+from nandoctor.detect.detector import NonFiniteFound, StepLimitReached, _StepHistory, global_norm
 from nandoctor.detect.hooks import TrainingHooks
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.report.model import History, Location
@@ -83,17 +83,17 @@ class StepWatcher:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         values = []
         if self._loss is not None:
-            values.append(self._loss.double())
+            values.append(self._loss.float())
         if grads:
-            # In float64: a finite float32 gradient's norm must not overflow into a false alarm.
-            norms = torch._foreach_norm(grads, 2, dtype=torch.float64)
-            values.append(torch.linalg.vector_norm(torch.stack(norms)))
+            values.append(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)])))
         if not values:
             return
         # The one host sync of the step: loss and gradient norm together.
         numbers = torch.stack([v.to(values[0].device) for v in values]).tolist()
         loss = numbers[0] if self._loss is not None else None
         grad_norm = numbers[-1] if grads else None
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            grad_norm = global_norm(grads)  # rare: tell an overflowing norm from a bad gradient
         self._pending = (loss, grad_norm)
         if loss is not None and not math.isfinite(loss):
             self._stop("loss", loss, grad_norm, self._loss_where)
@@ -114,7 +114,7 @@ class StepWatcher:
     def data_finished(self) -> None:
         pass
 
-    def check_batch(self, batch, batch_number: int, indices) -> None:
+    def check_batch(self, batch, batch_number: int, indices, dataset=None) -> None:
         pass
 
     # -- stopping --------------------------------------------------------------------

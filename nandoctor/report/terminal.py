@@ -81,7 +81,7 @@ def _nonfinite(report: RunReport, context_lines: int):
         parts.append(Text.from_markup(f"[dim]note:[/] {escape(note)}"))
     kind = _kind(event)
     where = f" at {root.location}" if root.location else ""
-    step = f", step {report.step}" if report.step is not None else ""
+    step = f", after {report.step} optimizer steps" if report.step is not None else ""
     title = f"nandoctor: {kind} in {root.phase}{escape(where)}{step}"
     return Panel(Group(*parts), title=f"[bold red]{title}[/]", title_align="left", border_style="red", expand=False)
 

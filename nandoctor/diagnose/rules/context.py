@@ -12,6 +12,23 @@ from nandoctor.report.model import Cause
 
 
 @context_rule
+def optimizer_invalid(ev: Evidence) -> Cause | None:
+    if ev.root.phase != "optimizer" and not ev.fact("written_by_optimizer"):
+        return None
+    return Cause(
+        "optimizer_invalid",
+        "the optimizer made a non-finite update from finite gradients",
+        (f"Inside `optimizer.step()` (called at {ev.where}), `{ev.op}` turned finite gradients and state into "
+         f"{_bad(ev.output)}: {_bad_inputs(ev) or 'its inputs were finite'}. " if ev.root.phase == "optimizer" else
+         f"Parameter `{ev.fact('parameter')}` became non-finite in an optimizer step although its gradients were "
+         f"finite; it was first used at {ev.where} ({ev.code}). ") + "An optimizer setting is invalid, "
+        "e.g. Adam/RMSprop with eps=0 divides by sqrt(v)=0 where a gradient is 0.",
+        "Check the optimizer's hyper-parameters: eps > 0 (1e-8; 1e-6 or more under float16), a finite, positive lr, "
+        "betas < 1, weight_decay >= 0.",
+    )
+
+
+@context_rule
 def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
     node = ev.fact("gradient_leak_through")
     if not node:
@@ -78,21 +95,6 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
     return None
 
 
-@context_rule
-def optimizer_invalid(ev: Evidence) -> Cause | None:
-    if ev.root.phase != "optimizer":
-        return None
-    return Cause(
-        "optimizer_invalid",
-        "the optimizer made a non-finite update from finite gradients",
-        f"Inside `optimizer.step()` (called at {ev.where}), `{ev.op}` turned finite gradients and state into "
-        f"{_bad(ev.output)}: {_bad_inputs(ev) or 'its inputs were finite'}. An optimizer setting is invalid, "
-        "e.g. Adam/RMSprop with eps=0 divides by sqrt(v)=0 where a gradient is 0.",
-        "Check the optimizer's hyper-parameters: eps > 0 (1e-8; 1e-6 or more under float16), a finite, positive lr, "
-        "betas < 1, weight_decay >= 0.",
-    )
-
-
 def _bad(summary) -> str:
     if summary is None:
         return "non-finite values"
@@ -101,4 +103,4 @@ def _bad(summary) -> str:
 
 
 def _bad_inputs(ev: Evidence) -> str:
-    return "; ".join(f"`{s.name}` has {_bad(s)}" for s in ev.root.inputs if s.nonfinite)
+    return "; ".join(f"`{s.name}` has {_bad(s)}" for s in ev.root.inputs if s.nonfinite and "overwritten" not in s.name)

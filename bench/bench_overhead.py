@@ -1,0 +1,71 @@
+"""Overhead of nandoctor against plain python and torch.autograd.detect_anomaly.
+
+    python bench/bench_overhead.py [--rounds 3] [--steps 100] [--models mlp cnn ...]
+
+Runs each model of bench/models.py under: plain python, detect_anomaly, `nandoctor run
+--mode trace` and `nandoctor run --mode watch`, alternating the four in every round (so
+machine noise hits them alike), and prints the median in-loop time ratio to plain python
+and the peak memory of each. Loop time excludes process start and `import torch`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RUNNERS = {
+    "plain": lambda script, args: [sys.executable, script, *args],
+    "detect_anomaly": lambda script, args: [sys.executable, script, *args, "--anomaly"],
+    "trace": lambda script, args: [sys.executable, "-m", "nandoctor", "run", "--mode", "trace", script, *args],
+    "watch": lambda script, args: [sys.executable, "-m", "nandoctor", "run", "--mode", "watch", script, *args],
+}
+
+
+def measure(runner: str, model: str, steps: int, threads: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = RUNNERS[runner](str(HERE / "models.py"), ["--model", model, "--steps", str(steps), "--out", str(out)])
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["mlp", "cnn", "transformer", "loader"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: least noise)")
+    args = ap.parse_args()
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"python {platform.python_version()}, torch threads {args.threads}, {args.steps} steps, "
+          f"{args.rounds} rounds (median)")
+    header = f"{'model':<12}" + "".join(f"{r:>16}" for r in RUNNERS) + f"{'peak MB p/a/t/w':>24}"
+    print(header)
+    for model in args.models:
+        times = {r: [] for r in RUNNERS}
+        memory = {r: [] for r in RUNNERS}
+        for _ in range(args.rounds):
+            for runner in RUNNERS:
+                result = measure(runner, model, args.steps, args.threads)
+                times[runner].append(result["loop_s"])
+                memory[runner].append(result["peak_rss_mb"])
+        base = statistics.median(times["plain"])
+        cells = []
+        for runner in RUNNERS:
+            median = statistics.median(times[runner])
+            cells.append(f"{median:7.2f}s {median / base:5.2f}x" if runner != "plain" else f"{median:7.2f}s  1.00x")
+        mem = "/".join(f"{max(memory[r]):.0f}" for r in RUNNERS)
+        print(f"{model:<12}" + "".join(f"{c:>16}" for c in cells) + f"{mem:>24}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
