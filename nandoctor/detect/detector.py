@@ -155,9 +155,16 @@ class Detector:
             return "optimizer"
         if self.data_depth:
             return "data"
-        if not self.training_started and not _builds_graph(args):
+        # Setup (building the model, loading a checkpoint) ends when an optimizer is made,
+        # a batch is drawn, or a backward runs; an op inside a module's forward or one that
+        # builds an autograd graph is a forward pass even before that.
+        if not self.training_started and self.modules.current is None and not _builds_graph(args):
             return "init"
         return "forward"
+
+    def optimizer_created(self, optimizer) -> None:
+        self.optimizer_seen = True
+        self.training_started = True
 
     # -- the rare path: an op made a non-finite value ------------------------------------
 
@@ -223,9 +230,11 @@ class Detector:
             untracked_input=untracked,
             facts=_origin_facts(func, args, kwargs, tensors) if origin else {},
         )
+        if "writes_parameter" in record.facts:
+            record.facts["parameter"] = self.modules.parameter_name(args[0]) or f"of shape {record.facts['writes_parameter']}"
         if untracked_parameter is not None:
             record.facts["parameter"] = untracked_parameter
-            if self.optimizer_seen:
+            if self.step > 0:
                 # Parameters change outside the checked ops only inside optimizer.step(),
                 # which is checked at its boundary: a seeded replay that checks each of its
                 # ops tells which one made the value.

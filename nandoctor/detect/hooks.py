@@ -28,6 +28,7 @@ class TrainingHooks:
         pre = register_optimizer_step_pre_hook(lambda opt, args, kwargs: self.detector.before_optimizer_step(opt))
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.detector.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
+        self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
         self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
         self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
 
@@ -65,6 +66,18 @@ class TrainingHooks:
             return result
 
         return grad
+
+    def _wrap_optimizer_init(self, original):
+        observer = self.detector
+
+        @functools.wraps(original)
+        def __init__(optimizer, *args, **kwargs):
+            original(optimizer, *args, **kwargs)
+            created = getattr(observer, "optimizer_created", None)
+            if created is not None:
+                created(optimizer)
+
+        return __init__
 
     def _wrap_next(self, original):
         detector = self.detector

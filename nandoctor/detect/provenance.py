@@ -105,12 +105,28 @@ class ModuleTracker:
             nn_module.register_module_forward_pre_hook(self._enter),
             nn_module.register_module_forward_hook(self._leave, always_call=True),
         ]
+        # A checkpoint is often loaded before the model ever runs: name its parameters
+        # then, so a bad value written by load_state_dict is reported by name.
+        original = torch.nn.Module.load_state_dict
+        tracker = self
+
+        def load_state_dict(module, *args, **kwargs):
+            if module not in tracker._names:
+                tracker._name_tree(module)
+            return original(module, *args, **kwargs)
+
+        torch.nn.Module.load_state_dict = load_state_dict
+        self._restore_load = lambda: setattr(torch.nn.Module, "load_state_dict", original)
 
     def uninstall(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self._stack.clear()
+        restore = getattr(self, "_restore_load", None)
+        if restore is not None:
+            restore()
+            self._restore_load = None
 
     def parameter_name(self, tensor: torch.Tensor) -> str | None:
         """`encoder.layers.0.linear1.weight` for a parameter or buffer of a module that ran."""

@@ -58,3 +58,11 @@ def ctc_facts(log_probs, targets, input_lengths, target_lengths, blank=0, *rest,
         if t_len < l_len + repeats:
             impossible.append({"item": i, "input_length": t_len, "target_length": l_len, "repeats": repeats})
     return {"input_lengths": ins, "target_lengths": outs, "impossible": impossible}
+
+
+@collects("pow", "pow_", "float_power")
+def pow_facts(base, exponent, *rest, **kwargs) -> dict[str, Any]:
+    """A Python-number exponent is not a tensor input: keep it for the rule."""
+    if isinstance(exponent, (int, float)):
+        return {"exponent": float(exponent)}
+    return {}

@@ -175,7 +175,9 @@ def pow_invalid(ev: Evidence) -> Cause | None:
             "a negative number to a non-integer power is NaN.",
             "Use `x.abs() ** p * x.sign()` if a signed power is meant, or clamp the base: `x.clamp_min(0) ** p`.",
         )
-    if base.zeros and ev.made_inf() and (exponent is None or (exponent.min is not None and exponent.min < 0)):
+    scalar = ev.fact("exponent")
+    negative = (scalar is not None and scalar < 0) or (exponent is not None and exponent.min is not None and exponent.min < 0)
+    if base.zeros and ev.made_inf() and negative:
         return Cause(
             "pow_invalid",
             "zero raised to a negative power",
