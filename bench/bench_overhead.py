@@ -3,8 +3,8 @@
     python bench/bench_overhead.py [--rounds 3] [--steps 100] [--models mlp cnn ...]
 
 Runs each model of bench/models.py under: plain python, detect_anomaly, `nandoctor run
---mode trace` and `nandoctor run --mode watch`, alternating the four in every round (so
-machine noise hits them alike), and prints the median in-loop time ratio to plain python
+--mode trace` and `nandoctor run --mode watch`, alternating the four in every round, in
+an order that rotates from round to round (so machine noise hits them alike), and prints the median of the per-round in-loop time ratios to plain python
 and the peak memory of each. Loop time excludes process start and `import torch`.
 """
 from __future__ import annotations
@@ -53,16 +53,19 @@ def main() -> None:
     for model in args.models:
         times = {r: [] for r in RUNNERS}
         memory = {r: [] for r in RUNNERS}
-        for _ in range(args.rounds):
-            for runner in RUNNERS:
+        names = list(RUNNERS)
+        for round_number in range(args.rounds):
+            # Rotate the order every round so drift (frequency, caches) hits every runner alike.
+            shift = round_number % len(names)
+            for runner in names[shift:] + names[:shift]:
                 result = measure(runner, model, args.steps, args.threads)
                 times[runner].append(result["loop_s"])
                 memory[runner].append(result["peak_rss_mb"])
-        base = statistics.median(times["plain"])
         cells = []
         for runner in RUNNERS:
-            median = statistics.median(times[runner])
-            cells.append(f"{median:7.2f}s {median / base:5.2f}x" if runner != "plain" else f"{median:7.2f}s  1.00x")
+            # The median of per-round ratios: each round's runs were taken side by side.
+            ratio = statistics.median(t / p for t, p in zip(times[runner], times["plain"]))
+            cells.append(f"{statistics.median(times[runner]):7.2f}s {ratio:5.2f}x")
         mem = "/".join(f"{max(memory[r]):.0f}" for r in RUNNERS)
         print(f"{model:<12}" + "".join(f"{c:>16}" for c in cells) + f"{mem:>24}", flush=True)
 

@@ -1,0 +1,79 @@
+"""Watch mode: cheap checks at step boundaries, a stop before the bad update, and a replay
+that localises the op or says the failure did not come back."""
+from __future__ import annotations
+
+import torch
+
+from helpers import run_nandoctor
+from nandoctor.config import load_config
+from nandoctor.detect.detector import NonFiniteFound
+from nandoctor.detect.watch import StepWatcher
+
+
+def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([w], lr=0.1)
+    watcher = StepWatcher(load_config().run)
+    try:
+        with watcher:
+            for step in range(3):
+                opt.zero_grad()
+                loss = (w * w).sum()
+                loss.backward()
+                if step == 1:
+                    w.grad[0] = float("nan")
+                opt.step()
+    except NonFiniteFound:
+        pass
+    assert watcher.finding is not None and watcher.finding.what == "gradient"
+    assert watcher.finding.step == 1
+    assert watcher.finding.weights_clean is True
+    assert torch.isfinite(w).all()
+
+
+FLAKY = """\
+import os
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(64, 3), torch.randn(64, 1)
+for step in range(10):
+    batch = x.clone()
+    if step == 3 and os.path.exists("inject_nan.flag"):
+        os.remove("inject_nan.flag")  # a one-off corruption: gone when the run is repeated
+        batch[5, 1] = float("nan")
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(batch), y)
+    loss.backward()
+    opt.step()
+torch.save(model.state_dict(), "final.pt")
+"""
+
+
+def test_a_failure_that_does_not_come_back_is_reported_as_not_reproduced(tmp_path, script):
+    script("train.py", FLAKY)
+    (tmp_path / "inject_nan.flag").write_text("")
+    result = run_nandoctor(["run", "--mode", "watch", "train.py"], tmp_path)
+    assert result.code == 3
+    report = result.report
+    assert report["status"] == "nonfinite" and report["mode"] == "watch"
+    assert report["reproduced"] is False
+    assert report["cause"]["id"] == "nonreproducible"
+    assert report["weights_clean"] is True
+    assert report["root"]["location"]["line"] == 15  # the loss.backward() that saw it
+    assert report["step"] == 3
+
+
+def test_a_reproducible_failure_is_localised_to_the_op_by_replay(tmp_path, script):
+    script("train.py", FLAKY.replace('os.path.exists("inject_nan.flag")', "True").replace(
+        '        os.remove("inject_nan.flag")  # a one-off corruption: gone when the run is repeated\n', ""))
+    result = run_nandoctor(["run", "--mode", "watch", "train.py"], tmp_path)
+    assert result.code == 3
+    report = result.report
+    assert report["reproduced"] is True and report["mode"] == "watch"
+    assert report["root"]["op"].startswith("aten.")
+    assert report["root"]["location"]["line"] == 11  # batch[5, 1] = float("nan")
+    assert report["cause"]["id"] == "nonfinite_input_data"  # a NaN built from a Python number
+    assert report["weights_clean"] is True
