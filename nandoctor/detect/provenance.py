@@ -166,6 +166,8 @@ class NodeSites:
     differentiated), so memory does not grow with the number of steps.
     """
 
+    limit = 500_000  # nodes per generation; a generation is usually one training step
+
     def __init__(self) -> None:
         self._current: dict[int, tuple] = {}
         self._previous: dict[int, tuple] = {}
@@ -176,6 +178,11 @@ class NodeSites:
         for seq in range(max(self._last_seq, seq_now - 4), seq_now):
             self._current[seq] = site
         self._last_seq = seq_now
+        if len(self._current) > self.limit:  # graphs built and never differentiated (eval with grad on)
+            self.new_generation()
+
+    def __len__(self) -> int:
+        return len(self._current) + len(self._previous)
 
     def moved(self, seq_now: int) -> bool:
         return seq_now != self._last_seq
