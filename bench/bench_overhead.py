@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# Long enough loops that the few-percent differences watch mode is judged on are not noise.
+DEFAULT_STEPS = {"mlp": 400, "cnn": 100, "transformer": 60, "loader": 800}
 RUNNERS = {
     "plain": lambda script, args: [sys.executable, script, *args],
     "detect_anomaly": lambda script, args: [sys.executable, script, *args, "--anomaly"],
@@ -41,12 +43,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["mlp", "cnn", "transformer", "loader"])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per run (default: per model, about 3-4 s of loop on a 2-core CPU)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: least noise)")
     args = ap.parse_args()
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"python {platform.python_version()}, torch threads {args.threads}, {args.steps} steps, "
+          f"python {platform.python_version()}, torch threads {args.threads}, "
           f"{args.rounds} rounds (median)")
     header = f"{'model':<12}" + "".join(f"{r:>16}" for r in RUNNERS) + f"{'peak MB p/a/t/w':>24}"
     print(header)
@@ -58,7 +61,7 @@ def main() -> None:
             # Rotate the order every round so drift (frequency, caches) hits every runner alike.
             shift = round_number % len(names)
             for runner in names[shift:] + names[:shift]:
-                result = measure(runner, model, args.steps, args.threads)
+                result = measure(runner, model, args.steps or DEFAULT_STEPS[model], args.threads)
                 times[runner].append(result["loop_s"])
                 memory[runner].append(result["peak_rss_mb"])
         cells = []

@@ -29,7 +29,7 @@ from nandoctor.detect import hooks
 from nandoctor.detect.mode import CheckingMode
 from nandoctor.detect.ops import is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
-from nandoctor.detect.records import Record, RecordTable, storage_key
+from nandoctor.detect.records import Record, RecordTable, next_order, storage_key
 from nandoctor.diagnose.facts import collect_facts
 from nandoctor.report.model import History, OpSite
 from nandoctor.stats import summarize
@@ -53,7 +53,7 @@ class Detection:
 
 
 @dataclass
-class _StepHistory:
+class StepHistory:
     size: int
     steps: list[int] = field(default_factory=list)
     loss: list[float | None] = field(default_factory=list)
@@ -94,7 +94,7 @@ class Detector:
         self.data_depth = 0
         self.last_backward_record_order = -1
         self._optimizers_checked: "weakref.WeakSet" = weakref.WeakSet()
-        self.history = _StepHistory(int(run_settings.get("history", 64)))
+        self.history = StepHistory(int(run_settings.get("history", 64)))
         self._pending_loss: float | None = None
         self._pending_grad_norm: float | None = None
         self.detection: Detection | None = None
@@ -272,7 +272,7 @@ class Detector:
                 if not finite:
                     record = self.records.get(t) or self._bare_record("loss", t, "forward")
                     self._stop(record, "the loss is non-finite")
-        return self._order_mark()
+        return next_order()
 
     def after_backward(self, roots, started_order: int) -> None:
         """Backward finished: a leaf's gradient that is still non-finite stops the run.
@@ -428,11 +428,6 @@ class Detector:
             output=summarize(t, "value"), inputs=[], parents=[],
             has_nan=bool(torch.isnan(t).any()), untracked_input=True,
         )
-
-    def _order_mark(self) -> int:
-        from nandoctor.detect.records import _sequence
-
-        return next(_sequence)
 
     def _forget_old_forward_records(self) -> None:
         if len(self.forward_nonfinite_by_node) > 1024:

@@ -21,6 +21,11 @@ from nandoctor.stats import TensorSummary
 _sequence = itertools.count()
 
 
+def next_order() -> int:
+    """A number later than every record made so far (records are ordered by birth)."""
+    return next(_sequence)
+
+
 @dataclass(eq=False)
 class Record:
     op: str
@@ -38,12 +43,7 @@ class Record:
     intended: bool = False  # a -inf written on purpose (mask fill): not a root of anything
     untracked_input: bool = False  # an input was already non-finite with no record (came from outside)
     facts: dict[str, Any] = field(default_factory=dict)
-    order: int = field(default_factory=lambda: next(_sequence))
-
-    @property
-    def is_origin(self) -> bool:
-        """All inputs were finite (or came from outside torch): this op made the value."""
-        return not any(not p.intended for p in self.parents)
+    order: int = field(default_factory=next_order)
 
 
 def storage_key(t: torch.Tensor) -> int | None:

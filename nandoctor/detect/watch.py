@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nandoctor.detect.detector import NonFiniteFound, StepLimitReached, _StepHistory, global_norm
+from nandoctor.detect.detector import NonFiniteFound, StepLimitReached, StepHistory, global_norm
 from nandoctor.detect.hooks import TrainingHooks
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.report.model import History, Location
@@ -40,7 +40,7 @@ class StepWatcher:
         self.settings = dict(run_settings, check_batches=False)
         self.max_steps = int(run_settings.get("max_steps", 0) or 0)
         self.locator = locator or SourceLocator()
-        self.history = _StepHistory(int(run_settings.get("history", 64)))
+        self.history = StepHistory(int(run_settings.get("history", 64)))
         self.step = 0
         self.optimizer_seen = False
         self.finding: WatchFinding | None = None

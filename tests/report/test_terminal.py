@@ -1,0 +1,80 @@
+"""The terminal report, rendered to a StringIO: what a person sees at a glance."""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from nandoctor.report.model import Cause, History, Location, OpSite, RunReport
+from nandoctor.report.terminal import print_report, sparkline
+from nandoctor.stats import TensorSummary
+
+
+def summary(name, nan=0, posinf=0, zeros=0, negatives=0, lo=-1.0, hi=1.0) -> TensorSummary:
+    return TensorSummary(name, (4,), "float32", lo, hi, nan, posinf, 0, zeros, negatives, 4)
+
+
+def rendered(report: RunReport, **console_options) -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=110, **console_options)
+    print_report(report, context_lines=1, console=console)
+    return buffer.getvalue()
+
+
+def nonfinite_report(tmp_path) -> RunReport:
+    source = tmp_path / "train.py"
+    source.write_text("x = load()\nloss = -(y * torch.log(p)).sum()  # [bold]not markup[/]\nloss.backward()\n")
+    location = Location(str(source), 2, "<module>", "loss = -(y * torch.log(p)).sum()  # [bold]not markup[/]")
+    root = OpSite("aten.log.default", "forward", location, module="head",
+                  output=TensorSummary("output", (4,), "float32", -2.0, 0.0, 0, 0, 1, 0, 1, 4),
+                  inputs=[summary("self", zeros=1, lo=0.0, hi=0.9)])
+    event = OpSite("aten.mul.Tensor", "forward", location, output=summary("output", nan=1), reason="NaN")
+    return RunReport(
+        status="nonfinite", exit_code=3, script="train.py", step=7, event=event, root=root,
+        lineage=[root, event],
+        cause=Cause("log_nonpositive", "log of a non-positive value", "1 of 4 inputs are 0.", "Use F.log_softmax."),
+        history=History([1, 2, 3], [1.0, 10.0, 100.0], [0.5, 5.0, float("inf")]),
+    )
+
+
+def test_a_nonfinite_report_shows_cause_fix_root_source_inputs_and_lineage(tmp_path):
+    text = rendered(nonfinite_report(tmp_path), no_color=True)
+    assert "NaN in forward at" in text and "after 7 optimizer steps" in text
+    assert "log of a non-positive value" in text and "(log_nonpositive)" in text
+    assert "Fix: Use F.log_softmax." in text
+    assert "Root: aten.log.default" in text and "module head" in text
+    assert "→    2 │ loss = -(y * torch.log(p)).sum()" in text  # the culprit line, marked
+    assert "     1 │ x = load()" in text  # with context around it
+    assert "self float32[4] x∈[0.0, 0.9] zeros=1" in text
+    assert "Lineage (root → where it stopped)" in text and "aten.mul.Tensor" in text
+    assert "loss:" in text and "▁" in text and "█" in text
+
+
+def test_user_text_is_never_read_as_markup(tmp_path):
+    text = rendered(nonfinite_report(tmp_path), no_color=True)
+    assert "[bold]not markup[/]" in text
+
+
+def test_no_colour_codes_without_a_terminal_or_with_no_color(tmp_path):
+    report = nonfinite_report(tmp_path)
+    assert "\x1b[" not in rendered(report, force_terminal=False)
+    assert "\x1b[" not in rendered(report, force_terminal=True, no_color=True)
+    assert "\x1b[" in rendered(report, force_terminal=True)
+
+
+def test_a_clean_run_is_one_line():
+    text = rendered(RunReport(status="clean", exit_code=0, script="train.py", step=5, stopped_by="max_steps"))
+    assert text.strip().splitlines() == [
+        "nandoctor: clean — no NaN or Inf in train.py over 5 optimizer steps (stopped at --max-steps); the script "
+        "exited 0."
+    ]
+
+
+def test_a_script_error_says_nothing_was_found_before_it():
+    text = rendered(RunReport(status="script_error", exit_code=1, script="t.py", error={"type": "ValueError"}))
+    assert "the script raised ValueError (exit 1); no NaN or Inf was seen before it" in text
+
+
+def test_sparkline_is_log_scaled_and_marks_non_finite_values():
+    assert sparkline([1.0, 10.0, 100.0, 1000.0]) == "▁▃▅█"
+    assert sparkline([1.0, float("nan"), None]) == "▁! "
