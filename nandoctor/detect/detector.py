@@ -286,8 +286,10 @@ class Detector:
                     grad = leaf.grad
                     if grad is not None and grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
                         record = self.records.get(grad) or self._bare_record("", grad, "backward")
-                        record.facts.setdefault("parameter", self.modules.parameter_name(leaf))
-                        self._stop(record, "a gradient is non-finite after backward()")
+                        name = self.modules.parameter_name(leaf)
+                        record.facts.setdefault("parameter", name)
+                        what = f"the gradient of `{name}`" if name else "a gradient"
+                        self._stop(record, f"{what} is non-finite after backward()")
             self.sites.new_generation()
             self._forget_old_forward_records()
             self.records.prune()

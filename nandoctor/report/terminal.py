@@ -81,8 +81,9 @@ def _nonfinite(report: RunReport, context_lines: int):
         parts.append(Text.from_markup(f"[dim]note:[/] {escape(note)}"))
     kind = _kind(event)
     where = f" at {root.location}" if root.location else ""
-    step = f", after {report.step} optimizer steps" if report.step is not None else ""
-    title = f"nandoctor: {kind} in {root.phase}{escape(where)}{step}"
+    title = f"nandoctor: {kind} in {root.phase}{escape(where)}"
+    if report.step is not None:
+        parts.insert(0, Text(f"after {report.step} optimizer step{'s' if report.step != 1 else ''}", style="dim"))
     return Panel(Group(*parts), title=f"[bold red]{title}[/]", title_align="left", border_style="red", expand=False)
 
 
@@ -161,15 +162,23 @@ def _tensor_line(line: str, bad: int) -> Text:
 
 def _lineage(lineage: list[OpSite]) -> Table:
     table = Table(title="Lineage (root → where it stopped)", title_justify="left", show_edge=False, box=None, padding=(0, 1))
-    for column in ("#", "op", "phase", "location", "module", "output"):
-        table.add_column(column, style="dim" if column == "#" else None)
+    for column in ("#", "op", "phase", "line", "module", "output"):
+        table.add_column(column, style="dim" if column == "#" else None, overflow="fold")
+    root_file = lineage[0].location.file if lineage and lineage[0].location else None
     for i, site in enumerate(lineage, 1):
         op = site.op + (f" ({site.backward_node})" if site.backward_node else "")
         table.add_row(
-            str(i), escape(op or "-"), site.phase, escape(str(site.location) if site.location else "-"),
+            str(i), escape(op or "-"), site.phase, escape(_short_location(site.location, root_file)),
             escape(site.module or "-"), _tensor_line(_counts(site), 1),
         )
     return table
+
+
+def _short_location(location: Location | None, root_file: str | None) -> str:
+    """`21` in the root's file, `losses.py:9` elsewhere."""
+    if location is None:
+        return "-"
+    return str(location.line) if location.file == root_file else f"{location.file}:{location.line}"
 
 
 def _counts(site: OpSite) -> str:

@@ -204,3 +204,33 @@ class TestContext:
 def test_unknown_lists_what_was_checked(unknown_op):
     cause = cause_of(unknown_op)
     assert cause.id in {"nonfinite_input_data", "unknown"}
+
+
+class TestBackwardRulesTorchNowMasks:
+    """torch 2.13 gives atan2(0, 0) and the norm of a zero vector a zero gradient, so no
+    real run reaches these rules there; older releases (and other ops' formulas) do. The
+    rules are checked on the evidence such a run produces."""
+
+    @staticmethod
+    def backward_root(node: str, code: str) -> RunReport:
+        from nandoctor.report.model import Location, OpSite
+        from nandoctor.stats import TensorSummary
+
+        out = TensorSummary("output", (4,), "float32", 0.0, 0.0, 2, 0, 0, 2, 0, 4)
+        root = OpSite("aten.div.Tensor", "backward", Location("train.py", 7, "<module>", code),
+                      backward_node=node, output=out)
+        return RunReport(status="nonfinite", exit_code=3, script="train.py", event=root, root=root, lineage=[root])
+
+    def test_atan2_backward_at_the_origin(self):
+        cause = diagnose(self.backward_root("Atan2Backward0", "heading = torch.atan2(v[:, 1], v[:, 0])"))
+        assert cause.id == "atan2_zero_backward" and "train.py:7" in cause.explanation
+
+    def test_norm_backward_of_a_zero_vector(self):
+        cause = diagnose(self.backward_root("LinalgVectorNormBackward0", "n = torch.linalg.vector_norm(d, dim=1)"))
+        assert cause.id == "norm_zero_backward" and "F.normalize" in cause.fix
+
+    def test_near_miss_a_forward_atan2_root_is_not_a_backward_cause(self):
+        report = self.backward_root("Atan2Backward0", "x")
+        report.root.backward_node = None
+        report.root.op = "aten.atan2.default"
+        assert diagnose(report).id != "atan2_zero_backward"
