@@ -36,9 +36,10 @@ DEFAULTS: dict[str, Any] = {
         "context_lines": 2,
     },
     "check_data": {
-        # which checks fail the command (exit 3); the others are printed as warnings.
+        # which checks fail the command (exit 3), which are printed as warnings; a check in
+        # neither list is not reported at all.
         "errors": ["nan", "inf", "empty", "unreadable", "label_range"],
-        "warnings": ["constant", "fp16_range"],
+        "warnings": ["constant", "fp16_range", "not_checked"],
         # positions listed per problem.
         "max_positions": 5,
         # files checked in parallel (0: one per core).

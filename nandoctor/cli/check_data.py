@@ -47,7 +47,8 @@ def check_data(
     config = load_config(config_path).with_overrides("check_data", workers=workers)
     settings = config.check_data
     options = CheckOptions(max_positions=settings["max_positions"], num_classes=num_classes)
-    report = scan(paths, errors=settings["errors"], options=options, workers=settings["workers"])
+    report = scan(paths, errors=settings["errors"], warnings=settings["warnings"], options=options,
+                  workers=settings["workers"])
     render(report, stdout_console())
     if json_path is not None:
         write_json(report, str(json_path))

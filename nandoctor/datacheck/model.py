@@ -72,10 +72,18 @@ class DataReport:
         }
 
 
-def apply_severity(problems: Iterable[Problem], error_checks: Sequence[str]) -> list[Problem]:
-    """Mark each problem error or warning from the config's `check_data.errors` list."""
+def apply_severity(problems: Iterable[Problem], error_checks: Sequence[str],
+                   warning_checks: Sequence[str] | None = None) -> list[Problem]:
+    """Mark each problem error or warning from the config's `check_data.errors` and
+    `check_data.warnings` lists; a check in neither list is silenced (not reported).
+    Without a warnings list, everything that is not an error is a warning."""
     marked = []
     for problem in problems:
-        problem.severity = ERROR if problem.check in error_checks else WARNING
+        if problem.check in error_checks:
+            problem.severity = ERROR
+        elif warning_checks is None or problem.check in warning_checks:
+            problem.severity = WARNING
+        else:
+            continue
         marked.append(problem)
     return marked

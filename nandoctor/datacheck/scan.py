@@ -137,8 +137,9 @@ def default_workers() -> int:
 
 
 def scan(paths: Sequence[str], *, errors: Sequence[str], options: CheckOptions = CheckOptions(),
-         workers: int = 0, progress: bool | None = None) -> DataReport:
-    """Check every file and dataset named by `paths`; the report's severities follow `errors`."""
+         workers: int = 0, progress: bool | None = None, warnings: Sequence[str] | None = None) -> DataReport:
+    """Check every file and dataset named by `paths`; severities follow `errors` and
+    `warnings` (see `apply_severity`)."""
     inventory = collect(paths)
     show = sys.stderr.isatty() if progress is None else progress
     with _Progress(inventory.files, show, has_datasets=bool(inventory.datasets)) as bar:
@@ -149,7 +150,7 @@ def scan(paths: Sequence[str], *, errors: Sequence[str], options: CheckOptions =
     return DataReport(
         files_scanned=len(inventory.files) + len(inventory.datasets),
         files_skipped=inventory.skipped,
-        problems=apply_severity(problems, errors),
+        problems=apply_severity(problems, errors, warnings),
     )
 
 

@@ -51,3 +51,12 @@ def test_json_has_the_contract_fields_and_survives_undecodable_names():
     assert data["files_scanned"] == 3
     assert data["problems"][0] == {"file": "b\\xff.npy", "key": None, "check": "nan", "count": 1,
                                    "detail": "d", "severity": "error", "positions": [[0, 1]]}
+
+
+def test_the_config_decides_error_warning_or_silence():
+    from nandoctor.datacheck.model import ERROR, WARNING, Problem, apply_severity
+
+    problems = [Problem(file="a.npy", key=None, check=check, count=1, detail="")
+                for check in ("nan", "constant", "fp16_range")]
+    marked = apply_severity(problems, ["nan"], ["constant"])
+    assert [(p.check, p.severity) for p in marked] == [("nan", ERROR), ("constant", WARNING)]
