@@ -20,6 +20,12 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# glibc adapts its mmap threshold to each process's allocation history, so the same loop
+# can take 10-20% more time in one process than in another from page faults alone (seen
+# here: 85,000 faults in one plain run's loop, 126 in a nandoctor run's). Fixed thresholds,
+# the same for every runner, take that confounder out of the comparison.
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(512 << 20)}
+
 # Long enough loops that the few-percent differences watch mode is judged on are not noise.
 DEFAULT_STEPS = {"mlp": 400, "cnn": 100, "transformer": 60, "loader": 800}
 RUNNERS = {
@@ -34,7 +40,7 @@ def measure(runner: str, model: str, steps: int, threads: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         command = RUNNERS[runner](str(HERE / "models.py"), ["--model", model, "--steps", str(steps), "--out", str(out)])
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), **FIXED_MALLOC)
         subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return json.loads(out.read_text())
 

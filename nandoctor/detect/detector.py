@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from nandoctor.detect import hooks
-from nandoctor.detect.mode import CheckingMode
+from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.ops import is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.records import Record, RecordTable, next_order, storage_key
@@ -268,7 +268,7 @@ class Detector:
                     self._pending_loss = value if self._pending_loss is None else self._pending_loss
                     finite = math.isfinite(value)
                 else:
-                    finite = bool(torch.isfinite(t).all())
+                    finite = all_finite(t)
                 if not finite:
                     record = self.records.get(t) or self._bare_record("loss", t, "forward")
                     self._stop(record, "the loss is non-finite")
@@ -298,7 +298,7 @@ class Detector:
         """torch.autograd.grad returned: its results are gradients the script holds."""
         with self.internal():
             for g in outputs or ():
-                if isinstance(g, torch.Tensor) and g.is_floating_point() and not bool(torch.isfinite(g).all()):
+                if isinstance(g, torch.Tensor) and not all_finite(g):
                     record = self.records.get(g) or self._bare_record("", g, "backward")
                     self._stop(record, "a gradient returned by torch.autograd.grad is non-finite")
             self.sites.new_generation()
@@ -359,7 +359,7 @@ class Detector:
         """
         with self.internal():
             for path, t in _tensors_in(batch):
-                if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                if not all_finite(t):
                     facts = _batch_facts(t, path, batch_number, indices)
                     self._refetch(dataset, facts.get("dataset_indices"))
                     record = self.records.get(t) or self._bare_record("", t, "data")
@@ -457,6 +457,11 @@ class Detector:
                 forward.facts["gradient_leak_through"] = root.backward_node
                 chain.append(forward)
                 root = forward
+        intended = next((p for p in root.parents if p.intended), None)
+        if intended is not None:
+            # The root consumed an Inf written on purpose (a -inf mask): say where it was.
+            where = self.locator.location(intended.where)
+            root.facts.setdefault("inf_from", f"{where} (`{where.code}`)" if where else intended.op)
         chain.reverse()
         sites = [self._site(r) for r in chain]
         event_site = sites[-1]
