@@ -309,6 +309,9 @@ class Detector:
     def before_optimizer_step(self, optimizer) -> None:
         self.optimizer_seen = True
         self.training_started = True
+        if not self.check_optimizer_ops:
+            # Off the mode before our own checks too: they then cost no dispatch overhead.
+            self._suspend()
         with self.internal():
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             if grads:
@@ -322,15 +325,13 @@ class Detector:
                 self._optimizers_checked.add(optimizer)
                 self._check_parameters(optimizer)
         self.in_optimizer = True
-        if not self.check_optimizer_ops:
-            self._suspend()
 
     def after_optimizer_step(self, optimizer) -> None:
         self.in_optimizer = False
-        self._resume()
         if not self.check_optimizer_ops:
             with self.internal():
                 self._check_update(optimizer)
+        self._resume()
         self.step += 1
         self.history.add(self.step, self._pending_loss, self._pending_grad_norm)
         self._pending_loss = self._pending_grad_norm = None
@@ -371,6 +372,7 @@ class Detector:
             return
         self.data_depth += 1
         self.passive = False
+        self._resume()
         try:
             for index in indices:
                 dataset[index]  # a NaN made here stops the run with its op and line

@@ -87,14 +87,15 @@ class TrainingHooks:
             detector.data_started()
             try:
                 batch = original(iterator)
+                number = getattr(iterator, "_nandoctor_batches", 0)
+                iterator._nandoctor_batches = number + 1
+                pending = getattr(iterator, "_nandoctor_indices", None)
+                indices = pending.popleft() if pending else None
+                if detector.settings.get("check_batches", True):
+                    # Still inside data loading: the check itself runs without the per-op mode.
+                    detector.check_batch(batch, number, indices, getattr(iterator, "_dataset", None))
             finally:
                 detector.data_finished()
-            number = getattr(iterator, "_nandoctor_batches", 0)
-            iterator._nandoctor_batches = number + 1
-            pending = getattr(iterator, "_nandoctor_indices", None)
-            indices = pending.popleft() if pending else None
-            if detector.settings.get("check_batches", True):
-                detector.check_batch(batch, number, indices, getattr(iterator, "_dataset", None))
             return batch
 
         return __next__
