@@ -48,8 +48,6 @@ class Detection:
     event: OpSite
     root: OpSite
     lineage: list[OpSite]
-    root_record: Record
-    event_record: Record
 
 
 @dataclass
@@ -468,7 +466,7 @@ class Detector:
         sites = [self._site(r) for r in chain]
         event_site = sites[-1]
         event_site.reason = reason
-        return Detection(event=event_site, root=sites[0], lineage=sites, root_record=root, event_record=event)
+        return Detection(event=event_site, root=sites[0], lineage=sites)
 
     def _site(self, r: Record) -> OpSite:
         return OpSite(

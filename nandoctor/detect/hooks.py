@@ -73,9 +73,7 @@ class TrainingHooks:
         @functools.wraps(original)
         def __init__(optimizer, *args, **kwargs):
             original(optimizer, *args, **kwargs)
-            created = getattr(observer, "optimizer_created", None)
-            if created is not None:
-                created(optimizer)
+            observer.optimizer_created(optimizer)
 
         return __init__
 

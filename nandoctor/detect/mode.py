@@ -76,8 +76,8 @@ class CheckingMode(TorchDispatchMode):
         elif kind is OpKind.FILL:
             if writes_nonfinite_scalar(func, args, kwargs):
                 d.on_nonfinite(func, args, kwargs, out, node, created, intended=True)
-            elif d.records and is_inplace(func):
-                d.records.forget(out) if isinstance(out, torch.Tensor) else None
+            elif d.records and is_inplace(func) and isinstance(out, torch.Tensor):
+                d.records.forget(out)  # overwritten with finite values: no longer non-finite
         elif kind is OpKind.PASSTHROUGH and d.records:
             d.carry(args, out)
         return out

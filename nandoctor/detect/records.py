@@ -99,6 +99,3 @@ class RecordTable:
         if len(self._by_storage) >= self._limit:  # still full of live tensors: drop the oldest
             for k in list(self._by_storage)[: self._limit // 2]:
                 del self._by_storage[k]
-
-    def clear(self) -> None:
-        self._by_storage.clear()

@@ -77,6 +77,11 @@ class StepWatcher:
     def after_grad(self, outputs, mark: int) -> None:
         pass
 
+    def optimizer_created(self, optimizer) -> None:
+        # From here on the loss is checked with the gradients, in the step's one sync.
+        self.optimizer_seen = True
+        self._optimizers.add(optimizer)
+
     def before_optimizer_step(self, optimizer) -> None:
         self.optimizer_seen = True
         self._optimizers.add(optimizer)
