@@ -1,11 +1,18 @@
 """Overhead of nandoctor against plain python and torch.autograd.detect_anomaly.
 
-    python bench/bench_overhead.py [--rounds 3] [--steps 100] [--models mlp cnn ...]
+    python bench/bench_overhead.py [--rounds 7] [--steps 100] [--models mlp cnn ...]
 
 Runs each model of bench/models.py under: plain python, detect_anomaly, `nandoctor run
---mode trace` and `nandoctor run --mode watch`, alternating the four in every round, in
-an order that rotates from round to round (so machine noise hits them alike), and prints the median of the per-round in-loop time ratios to plain python
-and the peak memory of each. Loop time excludes process start and `import torch`.
+--mode trace` and `nandoctor run --mode watch`, and prints, per model, the in-loop time of
+each relative to plain python, and the peak memory of each. Loop time excludes process
+start and `import torch`.
+
+How noise is kept out of a few-percent comparison on a shared VM: every run of a checker
+is paired with a plain run taken right next to it (which of the two goes first alternates
+from round to round), the ratio is taken within the pair, and the table shows the median
+of those paired ratios over the rounds. This machine's speed drifts over tens of seconds,
+so adjacent pairs and short runs cancel most of it. The ratio of the fastest runs (as
+timeit reports) is printed alongside as a cross-check. The runs are pinned to one CPU.
 """
 from __future__ import annotations
 
@@ -26,8 +33,9 @@ HERE = Path(__file__).resolve().parent
 # the same for every runner, take that confounder out of the comparison.
 FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(512 << 20)}
 
-# Long enough loops that the few-percent differences watch mode is judged on are not noise.
-DEFAULT_STEPS = {"mlp": 400, "cnn": 100, "transformer": 60, "loader": 800}
+# About 1.5 s of loop each on a 2-core VM: long enough to time, short enough that the two
+# runs of a pair see the same machine.
+DEFAULT_STEPS = {"mlp": 250, "cnn": 50, "transformer": 30, "loader": 500}
 RUNNERS = {
     "plain": lambda script, args: [sys.executable, script, *args],
     "detect_anomaly": lambda script, args: [sys.executable, script, *args, "--anomaly"],
@@ -36,47 +44,74 @@ RUNNERS = {
 }
 
 
-def measure(runner: str, model: str, steps: int, threads: int) -> dict:
+def measure(runner: str, model: str, steps: int, threads: int, cpu: int | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         command = RUNNERS[runner](str(HERE / "models.py"), ["--model", model, "--steps", str(steps), "--out", str(out)])
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), **FIXED_MALLOC)
-        subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+        proc = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=pin)
+        if proc.returncode != 0:
+            raise SystemExit(f"{runner} on {model} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
         return json.loads(out.read_text())
+
+
+def pick_cpu(threads: int, requested: int | None) -> int | None:
+    """The CPU single-threaded runs are pinned to (None: leave unpinned)."""
+    if threads != 1 or not hasattr(os, "sched_getaffinity"):
+        return None
+    return requested if requested is not None else min(os.sched_getaffinity(0))
+
+
+def bench_model(model: str, rounds: int, steps: int, threads: int, cpu: int | None) -> tuple[dict, dict, dict]:
+    """Paired ratios, loop times and peak memory per runner, for one model."""
+    checkers = [r for r in RUNNERS if r != "plain"]
+    ratios = {r: [] for r in checkers}
+    times = {r: [] for r in RUNNERS}
+    memory = {r: [] for r in RUNNERS}
+    for round_number in range(rounds):
+        shift = round_number % len(checkers)
+        for checker in checkers[shift:] + checkers[:shift]:
+            pair = ["plain", checker] if round_number % 2 == 0 else [checker, "plain"]
+            results = {runner: measure(runner, model, steps, threads, cpu) for runner in pair}
+            ratios[checker].append(results[checker]["loop_s"] / results["plain"]["loop_s"])
+            for runner, result in results.items():
+                times[runner].append(result["loop_s"])
+                memory[runner].append(result["peak_rss_mb"])
+    return ratios, times, memory
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["mlp", "cnn", "transformer", "loader"])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=None,
-                    help="steps per run (default: per model, about 3-4 s of loop on a 2-core CPU)")
+                    help="steps per run (default: per model, about 1.5 s of loop on a 2-core CPU)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: least noise)")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="CPU to pin single-threaded runs to (default: the first one this process may use)")
+    ap.add_argument("--verbose", action="store_true", help="print every pair's ratio")
     args = ap.parse_args()
+    cpu = pick_cpu(args.threads, args.cpu)
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"python {platform.python_version()}, torch threads {args.threads}, "
-          f"{args.rounds} rounds (median)")
-    header = f"{'model':<12}" + "".join(f"{r:>16}" for r in RUNNERS) + f"{'peak MB p/a/t/w':>24}"
+          f"python {platform.python_version()}, torch threads {args.threads}"
+          f"{f', pinned to CPU {cpu}' if cpu is not None else ''}; {args.rounds} rounds, each checker run "
+          "next to a plain run")
+    print("ratio to plain python: median of paired ratios (ratio of fastest runs); plain: median loop time")
+    header = f"{'model':<12}{'plain':>9}" + "".join(f"{r:>22}" for r in RUNNERS if r != "plain") + f"{'peak MB p/a/t/w':>20}"
     print(header)
     for model in args.models:
-        times = {r: [] for r in RUNNERS}
-        memory = {r: [] for r in RUNNERS}
-        names = list(RUNNERS)
-        for round_number in range(args.rounds):
-            # Rotate the order every round so drift (frequency, caches) hits every runner alike.
-            shift = round_number % len(names)
-            for runner in names[shift:] + names[:shift]:
-                result = measure(runner, model, args.steps or DEFAULT_STEPS[model], args.threads)
-                times[runner].append(result["loop_s"])
-                memory[runner].append(result["peak_rss_mb"])
-        cells = []
-        for runner in RUNNERS:
-            # The median of per-round ratios: each round's runs were taken side by side.
-            ratio = statistics.median(t / p for t, p in zip(times[runner], times["plain"]))
-            cells.append(f"{statistics.median(times[runner]):7.2f}s {ratio:5.2f}x")
+        ratios, times, memory = bench_model(model, args.rounds, args.steps or DEFAULT_STEPS[model], args.threads, cpu)
+        cells = [f"{statistics.median(r):5.2f}x ({min(times[c]) / min(times['plain']):4.2f}x)"
+                 for c, r in ratios.items()]
         mem = "/".join(f"{max(memory[r]):.0f}" for r in RUNNERS)
-        print(f"{model:<12}" + "".join(f"{c:>16}" for c in cells) + f"{mem:>24}", flush=True)
+        if args.verbose:
+            for checker, values in ratios.items():
+                print(f"  {model} {checker} pairs: " + " ".join(f"{v:.3f}" for v in values))
+        print(f"{model:<12}{statistics.median(times['plain']):8.2f}s" + "".join(f"{c:>22}" for c in cells)
+              + f"{mem:>20}", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ DEFAULTS: dict[str, Any] = {
         # check every op inside optimizer.step() (slower); by default the step is checked
         # once at its end, and a failure there is localised by a replay that does this.
         "check_optimizer_ops": False,
+        # trace mode on a GPU (or other accelerator): "auto" keeps each op's finiteness flag
+        # on the device and reads them at step boundaries (no sync per op; a finding is
+        # localised by a seeded replay); "never" reads every check at once (a sync per op);
+        # "always" uses flags on CPU too.
+        "device_flags": "auto",
         # stop after this many optimizer steps (0: never), making any script a smoke test.
         "max_steps": 0,
         # steps of loss / gradient-norm history kept for the exploding-gradient rule.

@@ -103,10 +103,7 @@ def localise(target: str, args: list[str], as_module: bool, config_path: str | N
                                  f"{finding.what}; a seeded replay checking every op found the op above.")
         return replayed
     if keep_on_miss:
-        first_report.reproduced = False
-        first_report.notes.append("a seeded replay checking every op did not reproduce the failure, so the op "
-                                  "inside the step is not known; nondeterminism or hardware may be involved.")
-        return first_report
+        return _kept_on_miss(first_report)
     return _not_reproduced(finding, first_report, replayed, proc.stderr)
 
 
@@ -115,6 +112,37 @@ def _read(path: Path) -> RunReport | None:
         return RunReport.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError):
         return None
+
+
+def _kept_on_miss(report: RunReport) -> RunReport:
+    """The first run's own report, when its replay ran clean: what the first run saw stands."""
+    report.reproduced = False
+    root = report.root
+    if "device_flag" not in root.facts:
+        report.notes.append("a seeded replay checking every op did not reproduce the failure, so the op "
+                            "inside the step is not known; nondeterminism or hardware may be involved.")
+        return report
+    value = "NaN" if root.facts["device_flag"] == "nan" else "Inf"
+    where = f" at {root.location}" if root.location else ""
+    report.notes.append("the op and line come from its device-side flag; its input values were not kept.")
+    report.cause = Cause(
+        "nonreproducible",
+        "a non-finite value that did not come back on replay",
+        f"`{root.op}`{where} made {value} at step {(report.step or 0) + 1}, as read from its device-side flag "
+        "at the step boundary, but re-running the script from the start, with the same random seeds, checking "
+        "every op at once, did not make it again. A failure that does not reproduce points at nondeterminism "
+        "(data order or augmentation not seeded, nondeterministic GPU kernels, a race between workers, input "
+        "the script reads that changed) or at hardware (a flaky GPU, memory errors).",
+        _DETERMINISM_FIX,
+    )
+    return report
+
+
+_DETERMINISM_FIX = (
+    "Make the run deterministic (`torch.manual_seed`, seeded DataLoader `generator` and `worker_init_fn`, "
+    "`torch.use_deterministic_algorithms(True)`), then run again with `--mode trace`; if it still only "
+    "happens on one machine, test that machine's GPU and memory."
+)
 
 
 def _not_reproduced(finding, watch_report: RunReport, replayed: RunReport | None, stderr: str) -> RunReport:
@@ -135,9 +163,7 @@ def _not_reproduced(finding, watch_report: RunReport, replayed: RunReport | None
         f"per-op detector {how} up to that step. A failure that does not reproduce points at nondeterminism "
         "(data order or augmentation not seeded, nondeterministic GPU kernels, a race between workers, "
         "input the script reads that changed) or at hardware (a flaky GPU, memory errors).",
-        "Make the run deterministic (`torch.manual_seed`, seeded DataLoader `generator` and `worker_init_fn`, "
-        "`torch.use_deterministic_algorithms(True)`), then run again with `--mode trace`; if it still only "
-        "happens on one machine, test that machine's GPU and memory.",
+        _DETERMINISM_FIX,
     )
     if replayed is None and stderr.strip():
         report.notes.append("the replay failed: " + stderr.strip().splitlines()[-1])

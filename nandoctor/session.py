@@ -55,14 +55,32 @@ def run_traced(request: RunRequest, runner: ScriptRunner) -> RunReport:
     if request.replay_rng:
         RngState.load(request.replay_rng).restore()
         settings["check_optimizer_ops"] = True
+        settings["device_flags"] = "never"  # the replay reads every op's check at once
     rng = RngState.capture()
     detector = Detector(settings, _locator(runner))
     report = _run_under(detector, runner, mode="trace")
     if report.root is not None and report.root.facts.get("needs_replay") and not request.replay_rng:
-        finding = WatchFinding("parameter update", detector.step, report.root.location, None, None, weights_clean=False)
+        finding = WatchFinding(_replay_subject(report), detector.step, report.root.location, None, None,
+                               weights_clean=_weights_clean(report))
         return replay.localise(request.target, request.args, request.as_module, request.config_path,
                                finding, rng, report, keep_on_miss=True)
     return report
+
+
+def _replay_subject(report: RunReport) -> str:
+    """What the replay is looking for, in the words of its progress line."""
+    root = report.root
+    if "device_flag" in root.facts:
+        return f"output of {root.op}"
+    if root.facts.get("written_by_optimizer") or root.phase == "optimizer":
+        return "parameter update"
+    return "loss" if root.op == "loss" else "value"
+
+
+def _weights_clean(report: RunReport) -> bool | None:
+    """A stop before optimizer.step() leaves the weights as they were; after it, not."""
+    root = report.root
+    return False if root.facts.get("written_by_optimizer") or root.phase == "optimizer" else None
 
 
 def run_watched(request: RunRequest, runner: ScriptRunner) -> RunReport:
@@ -86,6 +104,7 @@ def _run_under(observer, runner: ScriptRunner, mode: str) -> RunReport:
     try:
         with observer:
             outcome = runner.run(passthrough=(NonFiniteFound, StepLimitReached))
+            observer.finish()
     except NonFiniteFound:
         outcome = ScriptOutcome(int(ExitCode.FOUND))
     except StepLimitReached:

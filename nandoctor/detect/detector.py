@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from nandoctor.detect import hooks
+from nandoctor.detect.device_flags import DeviceFlags, Flagged, FlaggedOp
 from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.ops import is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
@@ -82,6 +83,10 @@ class Detector:
         self.modules = ModuleTracker()
         self.sites = NodeSites()
         self.records = RecordTable()
+        # Ops on an accelerator are checked by flags read at boundaries (no sync per op).
+        self.flags = DeviceFlags(str(run_settings.get("device_flags", "auto")))
+        self._inf_suspects: list[Record] = []  # deferred ops of this step that made an Inf
+        self.flags_read = False
         self.forward_nonfinite_by_node: dict[int, Record] = {}
         self.mode = CheckingMode(self)
         self.passive = False  # True while nandoctor runs its own ops, and after a stop
@@ -106,6 +111,10 @@ class Detector:
         self.mode.__enter__()
         self._suspended = False
         return self
+
+    def finish(self) -> None:
+        """The script ended: flags still pending are read (a NaN in its last ops counts)."""
+        self.read_flags()
 
     def __exit__(self, *exc) -> None:
         self.passive = True
@@ -167,6 +176,9 @@ class Detector:
     # -- the rare path: an op made a non-finite value ------------------------------------
 
     def on_nonfinite(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool = False) -> None:
+        if out.is_meta:  # no values (a model built on the meta device): nothing to record
+            return
+        self.read_flags()  # a deferred op that ran earlier comes first
         with self.internal():
             if torch.isfinite(out).all():  # the cheap check's sum overflowed; the values are fine
                 if self.records:
@@ -240,6 +252,52 @@ class Detector:
                 record.facts["written_by_optimizer"] = True
         return record
 
+    # -- deferred ops (accelerators): flags read at boundaries --------------------------
+
+    def defer(self, func, args, out: torch.Tensor, node, created_seq) -> None:
+        """Queue a device-side flag for `out` with what names the op later: no sync now."""
+        if node is not None:
+            seq, node_name, where, module = node._sequence_nr(), type(node).__name__, None, None
+        else:
+            seq, node_name, module = created_seq, None, self.modules.current
+            # An op that built an autograd node has its line in the node sites already.
+            where = None if created_seq is not None else self.locator.user_frame(1)
+        entry = FlaggedOp(func, self.phase(node, args), out.dtype, seq, node_name, where, module,
+                          self.step if self.optimizer_seen else None)
+        if self.flags.add(out, entry):
+            self.read_flags()
+
+    def read_flags(self) -> None:
+        """Read the pending flags (one sync) and apply the same policy as per-op checks:
+        a NaN made outside backward stops the run, an Inf is a suspect, and inside backward
+        both are suspects until a gradient is still non-finite when backward() returns."""
+        if not len(self.flags):
+            return
+        self.flags_read = True
+        with self.internal():
+            flagged = self.flags.read()
+        for flag in flagged:
+            if flag.entry.phase == "backward":
+                self.last_backward_record_order = next_order()
+                continue
+            record = self._flag_record(flag)
+            if flag.has_nan or record.phase == "optimizer" or flag.entry.dtype in self.stop_inf_dtypes:
+                self._stop(record, "NaN" if flag.has_nan else "Inf")
+            if len(self._inf_suspects) < 16:
+                self._inf_suspects.append(record)
+
+    def _flag_record(self, flag: Flagged) -> Record:
+        """A record of a flagged op: its name, phase, line and module, but not its values
+        (freed by now); a seeded replay that checks each op at once recovers those."""
+        e = flag.entry
+        site = self.sites.get(e.node_seq) if e.node_seq is not None else None
+        return Record(
+            op=op_name(e.func), phase=e.phase, where=e.where or (site[0] if site else None),
+            module=e.module or (site[1] if site else None), backward_node=e.node_name, node_seq=e.node_seq,
+            step=e.step, output=None, inputs=[], parents=[], has_nan=flag.has_nan,
+            facts={"needs_replay": True, "device_flag": "nan" if flag.has_nan else "inf"},
+        )
+
     def carry(self, args, out) -> None:
         """A view/copy/index of a recorded non-finite tensor carries its record along."""
         source = next((self.records.get(a) for a in args if isinstance(a, torch.Tensor)), None)
@@ -257,9 +315,10 @@ class Detector:
     def before_backward(self, tensors) -> int:
         """The loss reaches backward(): a non-finite loss stops the run here."""
         self.training_started = True
+        self.read_flags()
         with self.internal():
             for t in tensors:
-                if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
+                if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()) or t.is_meta:
                     continue
                 if t.numel() == 1:  # the usual scalar loss: one read gives the value and the check
                     value = float(t.detach().item())
@@ -278,6 +337,7 @@ class Detector:
         Only walked when this backward made a non-finite value somewhere (rare): most such
         values are masked inside autograd formulas and never reach a gradient.
         """
+        self.read_flags()
         with self.internal():
             if self._backward_suspects_since(started_order):
                 for leaf in _leaves(roots):
@@ -294,6 +354,7 @@ class Detector:
 
     def after_grad(self, outputs, started_order: int) -> None:
         """torch.autograd.grad returned: its results are gradients the script holds."""
+        self.read_flags()
         with self.internal():
             for g in outputs or ():
                 if isinstance(g, torch.Tensor) and not all_finite(g):
@@ -307,11 +368,13 @@ class Detector:
     def before_optimizer_step(self, optimizer) -> None:
         self.optimizer_seen = True
         self.training_started = True
+        self.read_flags()  # ops since backward (gradient clipping, loss scaling)
         if not self.check_optimizer_ops:
             # Off the mode before our own checks too: they then cost no dispatch overhead.
             self._suspend()
         with self.internal():
-            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                     if p.grad is not None and not p.grad.is_meta]
             if grads:
                 total = global_norm(grads)
                 self._pending_grad_norm = total
@@ -331,6 +394,7 @@ class Detector:
                 self._check_update(optimizer)
         self._resume()
         self.step += 1
+        self._inf_suspects.clear()
         self.history.add(self.step, self._pending_loss, self._pending_grad_norm)
         self._pending_loss = self._pending_grad_norm = None
         if self.max_steps and self.step >= self.max_steps:
@@ -385,7 +449,7 @@ class Detector:
     def _check_update(self, optimizer) -> None:
         """After optimizer.step(): one reduction over the parameters it may have changed.
         A non-finite one stops the run; a seeded replay then finds the op inside the step."""
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.is_floating_point()]
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.is_floating_point() and not p.is_meta]
         if not params or math.isfinite(global_norm(params)):
             return
         for p in params:
@@ -401,7 +465,7 @@ class Detector:
     def _check_parameters(self, optimizer) -> None:
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                if p.is_floating_point() and not p.is_meta and not bool(torch.isfinite(p).all()):
                     record = self.records.get(p) or self._bare_record("", p, "init" if not self.step else "optimizer")
                     record.facts.setdefault("parameter", self.modules.parameter_name(p) or _param_name(optimizer, p))
                     record.facts.setdefault("parameter_before_step", True)
@@ -437,9 +501,20 @@ class Detector:
                 del self.forward_nonfinite_by_node[key]
 
     def _stop(self, event: Record, reason: str) -> None:
+        if self.flags_read and not event.inputs and "device_flag" not in event.facts:
+            # Found at a boundary in a run checked by device flags, which keep no lineage:
+            # a replay that checks each op at once finds the op; until then, the Infs the
+            # flags saw this step are the candidates.
+            event.facts["needs_replay"] = True
+            if self._inf_suspects:
+                event.facts["flagged_inf_ops"] = [self._describe(r) for r in self._inf_suspects]
         self.passive = True
         self.detection = self._explain(event, reason)
         raise NonFiniteFound(reason)
+
+    def _describe(self, r: Record) -> str:
+        where = self.locator.location(r.where)
+        return f"{r.op} at {where.file}:{where.line}" if where else r.op
 
     def _explain(self, event: Record, reason: str) -> Detection:
         chain = [event]

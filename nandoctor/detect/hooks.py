@@ -18,8 +18,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 
 class TrainingHooks:
-    def __init__(self, detector) -> None:
+    def __init__(self, detector, data_loading: bool = True) -> None:
         self.detector = detector
+        self.data_loading = data_loading  # hook DataLoader iteration (the detector's data phase)
         self._undo: list = []
 
     def install(self) -> None:
@@ -29,8 +30,9 @@ class TrainingHooks:
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.detector.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
-        self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
-        self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
+        if self.data_loading:
+            self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
+            self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
 
     def uninstall(self) -> None:
         while self._undo:

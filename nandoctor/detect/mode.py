@@ -24,7 +24,10 @@ def _finite(t: torch.Tensor) -> bool:
     """Cheap and one-sided: True proves every element finite; False may be an overflow."""
     if not t.is_floating_point() or t.numel() == 0:
         return True
-    return math.isfinite(t.sum().item())
+    try:
+        return math.isfinite(t.sum().item())
+    except (RuntimeError, NotImplementedError):  # meta and fake tensors hold no values to check
+        return True
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -41,7 +44,10 @@ def _all_finite(tensors) -> bool:
         return all(_finite(t) for t in floats)
     if len({(t.device, t.dtype) for t in floats}) > 1:
         return all(_finite(t) for t in floats)
-    return math.isfinite(torch.stack(torch._foreach_norm(floats)).sum().item())
+    try:
+        return math.isfinite(torch.stack(torch._foreach_norm(floats)).sum().item())
+    except (RuntimeError, NotImplementedError):  # meta and fake tensors hold no values to check
+        return True
 
 
 class CheckingMode(TorchDispatchMode):
@@ -72,9 +78,15 @@ class CheckingMode(TorchDispatchMode):
                 d.sites.note(seq, (d.locator.user_frame(1), d.modules.current))
         out = func(*args, **kwargs)
         if kind is OpKind.CHECKED:
-            self._check(func, args, kwargs, out, node, created)
+            if d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out):
+                if out.is_floating_point() and out.numel():
+                    d.defer(func, args, out, node, created)  # no host sync: read at the boundary
+            else:
+                self._check(func, args, kwargs, out, node, created)
         elif kind is OpKind.FILL:
-            if writes_nonfinite_scalar(func, args, kwargs):
+            if writes_nonfinite_scalar(func, args, kwargs) and not (
+                    d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out)):
+                # (A deferred run keeps no lineage, so an intended -inf needs no record there.)
                 d.on_nonfinite(func, args, kwargs, out, node, created, intended=True)
             elif d.records and is_inplace(func) and isinstance(out, torch.Tensor):
                 d.records.forget(out)  # overwritten with finite values: no longer non-finite

@@ -99,7 +99,7 @@ def writes_nonfinite_scalar(func, args, kwargs) -> bool:
     for value in (*args, *kwargs.values()):
         if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return True
-        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point():
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point() and not value.is_meta:
             v = value.item()
             if v != v or v in (float("inf"), float("-inf")):
                 return True

@@ -36,7 +36,7 @@ class Record:
     node_seq: int | None  # sequence number of the autograd node (backward ops), or of the
     # node a forward op created
     step: int | None
-    output: TensorSummary
+    output: TensorSummary | None  # None for an op checked by a device flag (values gone)
     inputs: list[TensorSummary]
     parents: list["Record"]  # records of the non-finite inputs
     has_nan: bool

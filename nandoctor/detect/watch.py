@@ -37,7 +37,6 @@ class WatchFinding:
 
 class StepWatcher:
     def __init__(self, run_settings, locator: SourceLocator | None = None) -> None:
-        self.settings = dict(run_settings, check_batches=False)
         self.max_steps = int(run_settings.get("max_steps", 0) or 0)
         self.locator = locator or SourceLocator()
         self.history = StepHistory(int(run_settings.get("history", 64)))
@@ -48,11 +47,15 @@ class StepWatcher:
         self._loss: torch.Tensor | None = None
         self._loss_where = None
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
-        self._hooks = TrainingHooks(self)
+        # No DataLoader hooks: batches are not checked here (a bad one shows in the loss).
+        self._hooks = TrainingHooks(self, data_loading=False)
 
     def __enter__(self) -> "StepWatcher":
         self._hooks.install()
         return self
+
+    def finish(self) -> None:
+        pass  # every check already ran at its boundary
 
     def __exit__(self, *exc) -> None:
         self._hooks.uninstall()
@@ -61,9 +64,12 @@ class StepWatcher:
 
     def before_backward(self, roots) -> int:
         loss = next((t for t in roots if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
-        if loss is None:
+        if loss is None or loss.is_meta:  # a meta tensor has no value to check
             return 0
-        self._loss = loss.detach().sum() if loss.numel() != 1 else loss.detach().reshape(())
+        if loss.dim() == 0:
+            self._loss = loss.detach()
+        else:
+            self._loss = loss.detach().sum() if loss.numel() != 1 else loss.detach().view(())
         self._loss_where = self.locator.user_frame(2)
         if not self.optimizer_seen:  # no step boundary to batch the check with
             value = float(self._loss.item())
@@ -85,20 +91,21 @@ class StepWatcher:
     def before_optimizer_step(self, optimizer) -> None:
         self.optimizer_seen = True
         self._optimizers.add(optimizer)
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        values = []
-        if self._loss is not None:
-            values.append(self._loss.float())
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None and not p.grad.is_meta]
+        values = [self._loss] if self._loss is not None else []
         if grads:
-            values.append(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads)])))
+            values += torch._foreach_norm(grads)  # one reduction per gradient, no global one
         if not values:
             return
-        # The one host sync of the step: loss and gradient norm together.
-        numbers = torch.stack([v.to(values[0].device) for v in values]).tolist()
+        # The one host sync of the step: the loss and every gradient's norm in one transfer,
+        # combined here in float64 (where the squares of float32 norms cannot overflow).
+        device = values[0].device
+        numbers = torch.stack([v if v.device == device else v.to(device) for v in values]).tolist()
         loss = numbers[0] if self._loss is not None else None
-        grad_norm = numbers[-1] if grads else None
+        grad_norm = math.sqrt(math.fsum(n * n for n in numbers[1 if self._loss is not None else 0:])) if grads else None
         if grad_norm is not None and not math.isfinite(grad_norm):
-            grad_norm = global_norm(grads)  # rare: tell an overflowing norm from a bad gradient
+            grad_norm = global_norm(grads)  # rare: tell a norm that overflowed float32 from a bad gradient
         self._pending = (loss, grad_norm)
         if loss is not None and not math.isfinite(loss):
             self._stop("loss", loss, grad_norm, self._loss_where)
@@ -112,15 +119,6 @@ class StepWatcher:
         self._loss = None
         if self.max_steps and self.step >= self.max_steps:
             raise StepLimitReached()
-
-    def data_started(self) -> None:
-        pass
-
-    def data_finished(self) -> None:
-        pass
-
-    def check_batch(self, batch, batch_number: int, indices, dataset=None) -> None:
-        pass
 
     # -- stopping --------------------------------------------------------------------
 

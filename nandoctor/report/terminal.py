@@ -98,7 +98,7 @@ def _watch_line(report: RunReport) -> Text:
 def _kind(site: OpSite) -> str:
     out = site.output
     if out is None:
-        return "non-finite value"
+        return {"nan": "NaN", "inf": "Inf"}.get(site.facts.get("device_flag"), "non-finite value")
     if out.nan:
         return "NaN"
     return "Inf"
@@ -143,11 +143,18 @@ def _tensors(site: OpSite) -> Table:
         table.add_row("  in ", _tensor_line(one_line(s), s.nonfinite))
     if site.output is not None:
         table.add_row("  out", _tensor_line(one_line(site.output).replace("output ", "", 1), site.output.nonfinite))
+    if site.output is None and "device_flag" in site.facts:
+        made = "NaN" if site.facts["device_flag"] == "nan" else "Inf"
+        table.add_row("  out", Text(f"{made} (seen by the op's device-side flag; values not kept)", style="bold red"))
     for key, value in site.facts.items():
-        if key in ("input_producers", "untracked_input", "gradient_leak_through"):
+        if key in _INTERNAL_FACTS:
             continue
         table.add_row("  fact", escape(f"{key}: {value}"))
     return table
+
+
+# Facts the diagnosis reads that the report shows elsewhere (or that mean nothing to a user).
+_INTERNAL_FACTS = ("input_producers", "untracked_input", "gradient_leak_through", "needs_replay", "device_flag")
 
 
 def _tensor_line(line: str, bad: int) -> Text:

@@ -91,6 +91,17 @@ class TestNoFalseAlarms:
 
         assert not detect(track).stopped
 
+    def test_meta_tensors_hold_no_values_and_are_not_checked(self):
+        def build_on_meta():  # how large models are often initialised before loading weights
+            with torch.device("meta"):
+                layer = torch.nn.Linear(4, 4)
+                mask = torch.full((4,), float("-inf"))
+            opt = torch.optim.AdamW(layer.parameters())
+            (layer(torch.randn(2, 4, device="meta")) + mask.clamp_min(0)).sum().backward()
+            opt.step()
+
+        assert not detect(build_on_meta).stopped
+
     def test_a_sum_that_overflows_is_rechecked_exactly(self):
         big = torch.full((10,), 3e38)
         assert not detect(lambda: big * 1.0).stopped

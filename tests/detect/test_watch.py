@@ -31,6 +31,15 @@ def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
     assert torch.isfinite(w).all()
 
 
+def test_meta_tensors_pass_through_watch_mode():
+    with StepWatcher(load_config().run):
+        with torch.device("meta"):
+            layer = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        layer(torch.randn(2, 4, device="meta")).sum().backward()
+        opt.step()
+
+
 FLAKY = """\
 import os
 import torch

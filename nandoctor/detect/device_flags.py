@@ -1,0 +1,115 @@
+"""Per-op finiteness flags kept on the device and read at step boundaries.
+
+On a GPU, reading any result on the host (`.item()`) waits for every queued kernel: a
+per-op check that reads its answer turns an asynchronous training step into one sync per
+op. Instead, for each checked op on an accelerator, one reduction (`aminmax`, a single
+pass) is queued on the op's own stream and its two 0-d results are kept on the device.
+The host reads them all at once at the next boundary (the loss reaching `backward()`,
+`backward()` returning, `optimizer.step()`), in one transfer, and goes back from there to
+the first op whose flag is non-finite.
+
+Min and max together are exact where a sum is not: NaN propagates through both (a NaN
+anywhere gives NaN), an Inf shows as ±Inf, and finite values never overflow — so a flag
+says which ops made a NaN and which only an Inf, which the detector's policy needs.
+
+What is lost is the op's inputs and its output: by the boundary they have been freed or
+overwritten. The first flagged op is known (its name, phase, line, module) and a seeded
+replay of the script that checks every op at once recovers the rest (see `replay.py`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+# Flags kept before a read is forced (a long inference loop never reaches a boundary):
+# two 0-d tensors per op, a few MB of device memory at most.
+PENDING_LIMIT = 8192
+
+SETTINGS = ("auto", "always", "never")
+
+
+class FlaggedOp(NamedTuple):
+    """What the hot path keeps about one deferred op: enough to name it, nothing heavy
+    (no tensors, no autograd node: holding a node would keep its saved tensors alive)."""
+
+    func: object  # the ATen op overload (long-lived, so cheap to keep)
+    phase: str
+    dtype: torch.dtype
+    node_seq: int | None  # the backward node running it, or the node a forward op created
+    node_name: str | None
+    where: tuple | None  # (code, line), looked up only when no node site will name it
+    module: str | None
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """An op whose flag was non-finite when the flags were read."""
+
+    entry: FlaggedOp
+    has_nan: bool
+
+
+class DeviceFlags:
+    """The flags of the ops run since the last read, in the order the ops ran."""
+
+    def __init__(self, setting: str = "auto") -> None:
+        if setting not in SETTINGS:
+            from nandoctor.errors import ConfigError
+
+            raise ConfigError(f"'run.device_flags' must be one of {', '.join(SETTINGS)}, got {setting!r}")
+        self.defer_cpu = setting == "always"  # CPU has no sync to save; tests use it to exercise this path
+        # Off unless some tensor can live on an accelerator: a CPU-only run's hot path then
+        # pays one attribute test per op for this feature.
+        self.enabled = self.defer_cpu or (setting == "auto" and _accelerator_present())
+        self._entries: list[FlaggedOp] = []
+        # Per device (a stack needs one): the flag tensors and the entry each pair belongs to.
+        self._values: dict[torch.device, list[torch.Tensor]] = {}
+        self._owners: dict[torch.device, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def wants(self, t: torch.Tensor) -> bool:
+        """Check this op's output by a flag (instead of reading it on the host now)?"""
+        # Only plain tensors with values: meta and fake tensors (subclasses) have none to flag.
+        return self.enabled and type(t) is torch.Tensor and not t.is_meta and (self.defer_cpu or not t.is_cpu)
+
+    def add(self, t: torch.Tensor, entry: FlaggedOp) -> bool:
+        """Queue the flag of `t`; True when enough are pending that they should be read."""
+        device = t.device
+        values = self._values.get(device)
+        if values is None:
+            values = self._values[device] = []
+            self._owners[device] = []
+        values += torch.aminmax(t)
+        self._owners[device].append(len(self._entries))
+        self._entries.append(entry)
+        return len(self._entries) >= PENDING_LIMIT
+
+    def read(self) -> list[Flagged]:
+        """The non-finite flags since the last read, in op order: one host sync per device
+        when all are finite (the usual case), two when some are not."""
+        if not self._entries:
+            return []
+        entries, values, owners = self._entries, self._values, self._owners
+        self._entries, self._values, self._owners = [], {}, {}
+        flagged: list[tuple[int, bool]] = []
+        for device, tensors in values.items():
+            pairs = torch.stack(tensors).view(-1, 2)  # one row per op: (min, max)
+            finite = torch.isfinite(pairs).all(dim=1)
+            if bool(finite.all()):
+                continue
+            rows = (~finite).nonzero().flatten()
+            has_nan = torch.isnan(pairs[rows]).any(dim=1).tolist()
+            flagged += [(owners[device][row], nan) for row, nan in zip(rows.tolist(), has_nan)]
+        return [Flagged(entries[index], nan) for index, nan in sorted(flagged)]
+
+
+def _accelerator_present() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()

@@ -1,0 +1,173 @@
+"""Device-side flags: on an accelerator, each checked op queues a finiteness flag on the
+device instead of reading its result on the host (a sync per op); the flags are read at
+step boundaries. CI has no GPU, so these tests use `device_flags: always`, which takes the
+same path for CPU tensors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import detect, run_nandoctor
+from nandoctor.detect import mode as checking_mode
+from nandoctor.detect.device_flags import DeviceFlags, FlaggedOp
+from nandoctor.errors import ConfigError
+
+
+def entry(name: str) -> FlaggedOp:
+    return FlaggedOp(name, "forward", torch.float32, None, None, None, None, None)
+
+
+class TestFlags:
+    def test_finite_outputs_leave_no_flag(self):
+        flags = DeviceFlags("always")
+        flags.add(torch.tensor([1.0, -2.0]), entry("a"))
+        flags.add(torch.full((4,), 3e38), entry("big"))  # huge but finite: min/max cannot overflow
+        assert flags.read() == []
+        assert len(flags) == 0
+
+    def test_read_gives_the_flagged_ops_in_order_and_tells_nan_from_inf(self):
+        flags = DeviceFlags("always")
+        flags.add(torch.tensor([1.0]), entry("fine"))
+        flags.add(torch.tensor([1.0, float("-inf")]), entry("inf"))
+        flags.add(torch.tensor([float("inf"), float("nan")]), entry("nan"))
+        flagged = flags.read()
+        assert [(f.entry.func, f.has_nan) for f in flagged] == [("inf", False), ("nan", True)]
+        assert flags.read() == []  # a read consumes the flags
+
+    def test_half_precision_flags_are_read_with_the_rest(self):
+        flags = DeviceFlags("always")
+        flags.add(torch.tensor([1.0], dtype=torch.float16), entry("half"))
+        flags.add(torch.tensor([float("nan")], dtype=torch.bfloat16), entry("bf16"))
+        assert [f.entry.func for f in flags.read()] == ["bf16"]
+
+    @pytest.mark.parametrize("setting, cpu_deferred", [("auto", False), ("never", False), ("always", True)])
+    def test_auto_defers_only_accelerator_tensors(self, setting, cpu_deferred):
+        assert DeviceFlags(setting).wants(torch.ones(2)) is cpu_deferred  # (no accelerator in CI)
+
+    def test_meta_tensors_are_never_deferred(self):
+        assert not DeviceFlags("always").wants(torch.ones(2, device="meta"))
+
+    def test_an_unknown_setting_is_a_config_error(self):
+        with pytest.raises(ConfigError, match="device_flags"):
+            DeviceFlags("sometimes")
+
+
+def no_host_reads(monkeypatch):
+    """Make the per-op host check fail loudly: deferred ops must never call it."""
+
+    def host_read(t):
+        raise AssertionError("a per-op host read in a deferred run")
+
+    monkeypatch.setattr(checking_mode, "_finite", host_read)
+
+
+class TestDeferredDetection:
+    def test_a_forward_nan_stops_at_the_boundary_naming_the_op_and_line(self, monkeypatch):
+        no_host_reads(monkeypatch)
+        w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+
+        def train():
+            loss = torch.sqrt(w).sum()  # MARK-sqrt
+            loss.backward()
+
+        result = detect(train, device_flags="always")
+        assert result.stopped
+        root = result.detection.root
+        assert root.op == "aten.sqrt.default" and root.phase == "forward"
+        assert root.location.code == "loss = torch.sqrt(w).sum()  # MARK-sqrt"
+        assert root.facts["device_flag"] == "nan" and root.facts["needs_replay"] is True
+        assert root.output is None and root.inputs == []  # the values are gone by the boundary
+
+    def test_flags_still_pending_when_the_script_ends_are_read(self):
+        from nandoctor.detect.detector import Detector, NonFiniteFound
+        from nandoctor.config import load_config
+
+        detector = Detector(dict(load_config().run, device_flags="always"))
+        with detector:
+            torch.log(torch.tensor([-1.0]))  # no backward, no optimizer: no boundary came
+            with pytest.raises(NonFiniteFound):
+                detector.finish()
+        assert detector.detection.root.op == "aten.log.default"
+
+    def test_a_minus_inf_attention_mask_is_still_legitimate(self):
+        def attend():
+            layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            mask = torch.full((5, 5), float("-inf")).triu(1)
+            layer(torch.randn(2, 5, 16), src_mask=mask).sum().backward()
+
+        assert not detect(attend, device_flags="always").stopped
+
+    def test_inf_masked_inside_backward_does_not_stop(self):
+        def heading():
+            v = torch.zeros(4, 2, requires_grad=True)
+            torch.atan2(v[:, 1], v[:, 0]).sum().backward()
+
+        assert not detect(heading, device_flags="always").stopped
+
+    def test_a_gradient_leak_stops_before_the_update_with_the_flagged_infs_as_candidates(self):
+        lin = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        x, target = torch.randn(8, 3), torch.tensor([1.0, 0.0] * 4)
+        before = [p.detach().clone() for p in lin.parameters()]
+
+        def train():
+            rel = (lin(x).squeeze(1) - target) / target
+            rel[target != 0].abs().mean().backward()
+            opt.step()
+
+        result = detect(train, device_flags="always")
+        assert result.stopped
+        assert all(torch.equal(a, b) for a, b in zip(before, lin.parameters()))
+        event = result.detection.event
+        assert event.facts["needs_replay"] is True
+        assert any(op.startswith("aten.div.Tensor") for op in event.facts["flagged_inf_ops"])
+
+
+ONCE = """\
+import os
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(64, 8)
+for step in range(6):
+    opt.zero_grad()
+    out = model(x)
+    if step == 3 and os.path.exists("inject.flag"):
+        os.remove("inject.flag")  # a one-off: gone when the run is repeated
+        out = torch.sqrt(out - 100)
+    loss = out.pow(2).mean()
+    loss.backward()
+    opt.step()
+"""
+
+
+class TestEndToEnd:
+    @pytest.fixture
+    def always(self, tmp_path):
+        (tmp_path / "flags.yaml").write_text("run:\n  device_flags: always\n")
+        return ["--config", "flags.yaml"]
+
+    def test_a_flagged_op_is_localised_by_replay_with_its_values(self, tmp_path, script, always):
+        script("train.py", ONCE.replace('os.path.exists("inject.flag")', "True").replace(
+            '        os.remove("inject.flag")  # a one-off: gone when the run is repeated\n', ""))
+        result = run_nandoctor(["run", *always, "train.py"], tmp_path)
+        assert result.code == 3, result.stderr
+        report = result.report
+        assert report["reproduced"] is True
+        assert report["root"]["op"] == "aten.sqrt.default" and report["root"]["location"]["line"] == 12
+        assert report["root"]["inputs"][0]["negatives"] == 64  # the replay has the values
+        assert report["cause"]["id"] == "sqrt_negative"
+
+    def test_a_flagged_op_that_does_not_come_back_keeps_its_op_and_line(self, tmp_path, script, always):
+        script("train.py", ONCE)
+        (tmp_path / "inject.flag").write_text("")
+        result = run_nandoctor(["run", *always, "train.py"], tmp_path)
+        assert result.code == 3, result.stderr
+        report = result.report
+        assert report["reproduced"] is False
+        assert report["cause"]["id"] == "nonreproducible"
+        assert report["root"]["op"] == "aten.sqrt.default" and report["root"]["location"]["line"] == 13
+        assert report["step"] == 3
+        assert "NaN in forward" in result.stdout
