@@ -7,12 +7,16 @@ Runs each model of bench/models.py under: plain python, detect_anomaly, `nandoct
 each relative to plain python, and the peak memory of each. Loop time excludes process
 start and `import torch`.
 
-How noise is kept out of a few-percent comparison on a shared VM: every run of a checker
-is paired with a plain run taken right next to it (which of the two goes first alternates
-from round to round), the ratio is taken within the pair, and the table shows the median
-of those paired ratios over the rounds. This machine's speed drifts over tens of seconds,
-so adjacent pairs and short runs cancel most of it. The ratio of the fastest runs (as
-timeit reports) is printed alongside as a cross-check. The runs are pinned to one CPU.
+How noise is kept out of a few-percent comparison on a shared VM:
+- every run of a checker is paired with a plain run taken right next to it (which of the
+  two goes first alternates from round to round), and ratios are taken within a pair:
+  this machine's speed drifts over tens of seconds, and adjacent short runs share it;
+- each run reports its median step time as well as its loop time: contention from other
+  tenants comes in bursts that slow some steps by 2x, and the median step ignores them
+  while a per-step overhead (what a checker adds to every step) shows in full;
+- the table gives, per checker, the median over rounds of the paired median-step ratios,
+  and in parentheses the median of the paired loop-time ratios;
+- the runs are pinned to one CPU, and models.py freezes setup's objects out of the GC.
 """
 from __future__ import annotations
 
@@ -64,10 +68,11 @@ def pick_cpu(threads: int, requested: int | None) -> int | None:
     return requested if requested is not None else min(os.sched_getaffinity(0))
 
 
-def bench_model(model: str, rounds: int, steps: int, threads: int, cpu: int | None) -> tuple[dict, dict, dict]:
-    """Paired ratios, loop times and peak memory per runner, for one model."""
+def bench_model(model: str, rounds: int, steps: int, threads: int, cpu: int | None) -> tuple[dict, dict, dict, dict]:
+    """Paired median-step ratios, paired loop ratios, loop times and peak memory, per runner."""
     checkers = [r for r in RUNNERS if r != "plain"]
-    ratios = {r: [] for r in checkers}
+    step_ratios = {r: [] for r in checkers}
+    loop_ratios = {r: [] for r in checkers}
     times = {r: [] for r in RUNNERS}
     memory = {r: [] for r in RUNNERS}
     for round_number in range(rounds):
@@ -75,11 +80,13 @@ def bench_model(model: str, rounds: int, steps: int, threads: int, cpu: int | No
         for checker in checkers[shift:] + checkers[:shift]:
             pair = ["plain", checker] if round_number % 2 == 0 else [checker, "plain"]
             results = {runner: measure(runner, model, steps, threads, cpu) for runner in pair}
-            ratios[checker].append(results[checker]["loop_s"] / results["plain"]["loop_s"])
+            checked, plain = results[checker], results["plain"]
+            step_ratios[checker].append(checked["step_median_s"] / plain["step_median_s"])
+            loop_ratios[checker].append(checked["loop_s"] / plain["loop_s"])
             for runner, result in results.items():
                 times[runner].append(result["loop_s"])
                 memory[runner].append(result["peak_rss_mb"])
-    return ratios, times, memory
+    return step_ratios, loop_ratios, times, memory
 
 
 def main() -> None:
@@ -99,17 +106,18 @@ def main() -> None:
           f"python {platform.python_version()}, torch threads {args.threads}"
           f"{f', pinned to CPU {cpu}' if cpu is not None else ''}; {args.rounds} rounds, each checker run "
           "next to a plain run")
-    print("ratio to plain python: median of paired ratios (ratio of fastest runs); plain: median loop time")
+    print("ratio to plain python: median of paired median-step ratios (median of paired loop-time ratios)")
     header = f"{'model':<12}{'plain':>9}" + "".join(f"{r:>22}" for r in RUNNERS if r != "plain") + f"{'peak MB p/a/t/w':>20}"
     print(header)
     for model in args.models:
-        ratios, times, memory = bench_model(model, args.rounds, args.steps or DEFAULT_STEPS[model], args.threads, cpu)
-        cells = [f"{statistics.median(r):5.2f}x ({min(times[c]) / min(times['plain']):4.2f}x)"
-                 for c, r in ratios.items()]
+        step_ratios, loop_ratios, times, memory = bench_model(
+            model, args.rounds, args.steps or DEFAULT_STEPS[model], args.threads, cpu)
+        cells = [f"{statistics.median(step_ratios[c]):5.2f}x ({statistics.median(loop_ratios[c]):4.2f}x)"
+                 for c in step_ratios]
         mem = "/".join(f"{max(memory[r]):.0f}" for r in RUNNERS)
         if args.verbose:
-            for checker, values in ratios.items():
-                print(f"  {model} {checker} pairs: " + " ".join(f"{v:.3f}" for v in values))
+            for checker, values in step_ratios.items():
+                print(f"  {model} {checker} median-step ratio per pair: " + " ".join(f"{v:.3f}" for v in values))
         print(f"{model:<12}{statistics.median(times['plain']):8.2f}s" + "".join(f"{c:>22}" for c in cells)
               + f"{mem:>20}", flush=True)
 

@@ -74,7 +74,9 @@ def _replay_subject(report: RunReport) -> str:
         return f"output of {root.op}"
     if root.facts.get("written_by_optimizer") or root.phase == "optimizer":
         return "parameter update"
-    return "loss" if root.op == "loss" else "value"
+    if root.op == "loss":
+        return "loss"
+    return "gradient" if root.phase == "backward" else "value"
 
 
 def _weights_clean(report: RunReport) -> bool | None:

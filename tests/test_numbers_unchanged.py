@@ -29,11 +29,16 @@ torch.save(model.state_dict(), sys.argv[1])
 """
 
 
-@pytest.mark.parametrize("mode", ["trace", "watch"])
+@pytest.mark.parametrize("mode", ["trace", "watch", "device-flags"])
 def test_parameters_are_bit_identical_to_plain_python(tmp_path, script, mode):
     script("train.py", TRAIN)
     subprocess.run([sys.executable, "train.py", "plain.pt"], cwd=tmp_path, check=True, timeout=180)
-    result = run_nandoctor(["run", "--mode", mode, "train.py", "wrapped.pt"], tmp_path)
+    if mode == "device-flags":  # trace mode's GPU path (flags read at boundaries), taken on CPU
+        script("flags.yaml", "run:\n  device_flags: always\n")
+        options = ["--config", "flags.yaml"]
+    else:
+        options = ["--mode", mode]
+    result = run_nandoctor(["run", *options, "train.py", "wrapped.pt"], tmp_path)
     assert result.code == 0, result.stderr
     plain = torch.load(tmp_path / "plain.pt")
     wrapped = torch.load(tmp_path / "wrapped.pt")

@@ -4,8 +4,10 @@ This is the hot path: it runs for every op of forward, backward (ops run by the 
 engine), optimizer step and data loading. It only classifies, runs, and does the cheapest
 check that can be exact: the sum of a float tensor is non-finite whenever any element is
 (a finite sum proves every element finite; a non-finite one is re-checked exactly on the
-slow path, because large finite values can overflow the sum). Everything else — deciding,
-recording, explaining — happens in the `Detector`, on the rare path.
+slow path, because large finite values can overflow the sum). On an accelerator, where
+reading a result on the host is a sync, the check is queued on the device instead and read
+at the next boundary (see `device_flags.py`). Everything else — deciding, recording,
+explaining — happens in the `Detector`, on the rare path.
 """
 from __future__ import annotations
 
