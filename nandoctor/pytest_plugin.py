@@ -77,7 +77,8 @@ class _DetectorPlugin:
     def pytest_runtest_call(self, item: pytest.Item):
         if not _enabled(item):
             return (yield)
-        from nandoctor.detect.detector import Detector, NonFiniteFound
+        from nandoctor.detect.detector import Detector
+        from nandoctor.detect.observer import NonFiniteFound
         from nandoctor.detect.provenance import SourceLocator
 
         detector = Detector(self.settings, SourceLocator())
@@ -95,18 +96,11 @@ class _DetectorPlugin:
 
 
 def _build_report(item: pytest.Item, detector):
-    from nandoctor.diagnose import diagnose
+    from nandoctor.diagnose import build_report
     from nandoctor.errors import ExitCode
-    from nandoctor.report.model import RunReport
 
-    found = detector.detection
-    report = RunReport(
-        status="nonfinite", exit_code=int(ExitCode.FOUND), script=item.nodeid,
-        step=detector.step if detector.optimizer_seen else None,
-        event=found.event, root=found.root, lineage=found.lineage, history=detector.history_report(),
-    )
-    report.cause = diagnose(report)
-    return report
+    return build_report(item.nodeid, exit_code=int(ExitCode.FOUND), detection=detector.detection,
+                        step=detector.state.step_or_none, history=detector.history())
 
 
 def _message(report) -> str:

@@ -1,24 +1,35 @@
-"""Localising a watch-mode detection: run the script again under the per-op detector.
+"""Seeded replay: run the script again, from the start, under the per-op detector.
 
-Watch mode only knows *that* the loss or a gradient went non-finite at step N. As JAX's
-`jax_debug_nans` and Megatron's rerun machinery do, nandoctor then re-runs — here the
-whole script from the start, in a fresh process, with the random number generators in the
-state the first run started from — under `--mode trace`, stopping after step N+1 at the
-latest. The replay's report has the op, the line and the cause.
+Watch mode only knows *that* the loss or a gradient went non-finite at step N; trace mode
+on an accelerator knows the op from its device flag but not its values, and checks
+`optimizer.step()` only at its end. As JAX's `jax_debug_nans` and Megatron's rerun
+machinery do, nandoctor then re-runs — here the whole script from the start, in a fresh
+process, with the random number generators in the state the first run started from —
+under `--mode trace` with every op checked at once, stopping after step N+1 at the latest.
+The replay's report has the op, the line and the cause. If the failure does not come
+back, that is itself the finding (`"reproduced": false`, cause `nonreproducible`).
 
-If the failure does not come back, that is itself the finding: the report says
-`"reproduced": false`, pointing at nondeterminism (unseeded data order, nondeterministic
-kernels, a race) or hardware.
+The replay process is `python -m nandoctor run --mode trace --max-steps N+1 --json F ...`
+with two environment variables:
 
-Side effects: the replay runs the user's code again, so files the script writes
-(checkpoints, logs) are written again up to step N+1, and its output is discarded. It
-runs with `NANDOCTOR_REPLAY=1` in the environment, so a script can skip such work.
+- `NANDOCTOR_REPLAY=1`, which the script may read to skip side effects: the replay runs
+  the user's code again, so files the script writes (checkpoints, logs) are written again
+  up to step N+1; its output is discarded.
+- `NANDOCTOR_REPLAY_STATE=<path>`: a JSON file (schema `nandoctor.replay/1`, below) with
+  the generators' states. nandoctor reads it and removes the variable from the
+  environment before the script starts.
+
+    {"schema": "nandoctor.replay/1",
+     "rng": {"python": [version, [ints...], gauss | null],
+             "numpy": ["MT19937", [624 ints], pos, has_gauss, cached_gaussian],
+             "torch_cpu": "<base64 of torch.get_rng_state()>",
+             "torch_cuda": ["<base64 per device>", ...] | null}}
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
-import pickle
 import random
 import subprocess
 import sys
@@ -27,11 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nandoctor.console import note_line
-from nandoctor.errors import ExitCode
-from nandoctor.report.model import Cause, OpSite, RunReport
+from nandoctor.errors import ExitCode, UsageError
+from nandoctor.report.model import RunReport
 
 REPLAY_ENV = "NANDOCTOR_REPLAY"
+STATE_ENV = "NANDOCTOR_REPLAY_STATE"
+SCHEMA = "nandoctor.replay/1"
 
 
 @dataclass
@@ -61,50 +73,80 @@ class RngState:
         if self.torch_cuda is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(self.torch_cuda)
 
-    def save(self, path: Path) -> None:
-        # nandoctor's own file, written and read by nandoctor only: pickle is safe here.
-        with open(path, "wb") as f:
-            pickle.dump(self, f)
+    def to_json(self) -> dict[str, Any]:
+        version, ints, gauss = self.python
+        name, keys, pos, has_gauss, cached = self.numpy
+        return {
+            "python": [version, list(ints), gauss],
+            "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+            "torch_cpu": _b64(self.torch_cpu),
+            "torch_cuda": [_b64(s) for s in self.torch_cuda] if self.torch_cuda is not None else None,
+        }
 
-    @staticmethod
-    def load(path: str | Path) -> "RngState":
-        with open(path, "rb") as f:
-            return pickle.load(f)
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RngState":
+        import numpy as np
+
+        version, ints, gauss = data["python"]
+        name, keys, pos, has_gauss, cached = data["numpy"]
+        cuda = data.get("torch_cuda")
+        return cls((version, tuple(ints), gauss), (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+                   _unb64(data["torch_cpu"]), [_unb64(s) for s in cuda] if cuda is not None else None)
 
 
-def localise(target: str, args: list[str], as_module: bool, config_path: str | None, finding, rng: RngState,
-             first_report: RunReport, keep_on_miss: bool = False) -> RunReport:
-    """Replay under trace; return the replay's report marked as reproduced. When the
-    failure does not come back: the first run's own report if `keep_on_miss`, else a
-    non-reproducible report built from what the first run saw."""
-    note_line(
-        f"{first_report.mode} mode: the {finding.what} went non-finite at step {finding.step + 1}"
-        + (" (the update was not applied)" if finding.weights_clean else "")
-        + "; re-running the script under --mode trace to find the op..."
-    )
+def _b64(state) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _unb64(text: str):
+    import torch
+
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def save_state(rng: RngState, path: Path) -> None:
+    path.write_text(json.dumps({"schema": SCHEMA, "rng": rng.to_json()}))
+
+
+def take_state_from_environment() -> RngState | None:
+    """In a replay process: the state its parent saved (the variable is then removed, so the
+    script's own subprocesses never see it). None in a normal run."""
+    path = os.environ.pop(STATE_ENV, None)
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA}")
+        return RngState.from_json(data["rng"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"cannot read the replay state {path}: {exc}") from None
+
+
+@dataclass
+class ReplayOutcome:
+    report: RunReport | None  # the replay's report; None when it wrote none
+    stderr: str
+
+
+def replay(target: str, args: list[str], as_module: bool, config_path: str | None, rng: RngState,
+           steps: int) -> ReplayOutcome:
+    """Run the script again under trace, seeded with `rng`, for at most `steps` optimizer steps."""
     with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as tmp:
-        rng_file, report_file = Path(tmp) / "rng.pkl", Path(tmp) / "replay.json"
-        rng.save(rng_file)
-        command = [sys.executable, "-m", "nandoctor", "run", "--mode", "trace", "--max-steps", str(finding.step + 1),
-                   "--json", str(report_file), "--replay-rng", str(rng_file)]
+        state_file, report_file = Path(tmp) / "state.json", Path(tmp) / "replay.json"
+        save_state(rng, state_file)
+        command = [sys.executable, "-m", "nandoctor", "run", "--mode", "trace", "--max-steps", str(steps),
+                   "--json", str(report_file)]
         if config_path:
             command += ["--config", str(config_path)]
         command += (["-m", target] if as_module else [target]) + list(args)
+        env = dict(os.environ, **{REPLAY_ENV: "1", STATE_ENV: str(state_file)})
         proc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True, env=dict(os.environ, **{REPLAY_ENV: "1"}))
+                              text=True, env=env)
         replayed = _read(report_file)
     if proc.returncode == ExitCode.INTERRUPTED:
         raise KeyboardInterrupt
-    if replayed is not None and replayed.status == "nonfinite":
-        replayed.mode = first_report.mode
-        replayed.reproduced = True
-        replayed.weights_clean = finding.weights_clean
-        replayed.notes.insert(0, f"{first_report.mode} mode stopped at step {finding.step + 1} on a non-finite "
-                                 f"{finding.what}; a seeded replay checking every op found the op above.")
-        return replayed
-    if keep_on_miss:
-        return _kept_on_miss(first_report)
-    return _not_reproduced(finding, first_report, replayed, proc.stderr)
+    return ReplayOutcome(replayed, proc.stderr)
 
 
 def _read(path: Path) -> RunReport | None:
@@ -112,59 +154,3 @@ def _read(path: Path) -> RunReport | None:
         return RunReport.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError):
         return None
-
-
-def _kept_on_miss(report: RunReport) -> RunReport:
-    """The first run's own report, when its replay ran clean: what the first run saw stands."""
-    report.reproduced = False
-    root = report.root
-    if "device_flag" not in root.facts:
-        report.notes.append("a seeded replay checking every op did not reproduce the failure, so the op "
-                            "inside the step is not known; nondeterminism or hardware may be involved.")
-        return report
-    value = "NaN" if root.facts["device_flag"] == "nan" else "Inf"
-    where = f" at {root.location}" if root.location else ""
-    report.notes.append("the op and line come from its device-side flag; its input values were not kept.")
-    report.cause = Cause(
-        "nonreproducible",
-        "a non-finite value that did not come back on replay",
-        f"`{root.op}`{where} made {value} at step {(report.step or 0) + 1}, as read from its device-side flag "
-        "at the step boundary, but re-running the script from the start, with the same random seeds, checking "
-        "every op at once, did not make it again. A failure that does not reproduce points at nondeterminism "
-        "(data order or augmentation not seeded, nondeterministic GPU kernels, a race between workers, input "
-        "the script reads that changed) or at hardware (a flaky GPU, memory errors).",
-        _DETERMINISM_FIX,
-    )
-    return report
-
-
-_DETERMINISM_FIX = (
-    "Make the run deterministic (`torch.manual_seed`, seeded DataLoader `generator` and `worker_init_fn`, "
-    "`torch.use_deterministic_algorithms(True)`), then run again with `--mode trace`; if it still only "
-    "happens on one machine, test that machine's GPU and memory."
-)
-
-
-def _not_reproduced(finding, watch_report: RunReport, replayed: RunReport | None, stderr: str) -> RunReport:
-    site = OpSite(op="", phase="forward" if finding.what == "loss" else "backward", location=finding.location,
-                  reason=f"the {finding.what} is non-finite", facts={"loss": finding.loss, "grad_norm": finding.grad_norm})
-    how = "ran clean" if replayed is not None and replayed.status == "clean" else "ended without a finding"
-    report = watch_report
-    report.status, report.exit_code = "nonfinite", int(ExitCode.FOUND)
-    report.event = report.root = site
-    report.lineage = [site]
-    report.reproduced = False
-    report.weights_clean = finding.weights_clean
-    report.cause = Cause(
-        "nonreproducible",
-        "a non-finite value that did not come back on replay",
-        f"Watch mode saw a non-finite {finding.what} at step {finding.step + 1} (loss {finding.loss}, gradient norm "
-        f"{finding.grad_norm}), but re-running the script from the start, with the same random seeds, under the "
-        f"per-op detector {how} up to that step. A failure that does not reproduce points at nondeterminism "
-        "(data order or augmentation not seeded, nondeterministic GPU kernels, a race between workers, "
-        "input the script reads that changed) or at hardware (a flaky GPU, memory errors).",
-        _DETERMINISM_FIX,
-    )
-    if replayed is None and stderr.strip():
-        report.notes.append("the replay failed: " + stderr.strip().splitlines()[-1])
-    return report

@@ -1,38 +1,30 @@
-"""One `nandoctor run`: prepare the script, run it under the detector, build the report.
+"""One `nandoctor run`: prepare the script, run it under the mode's observer, build the report.
 
 The pipeline, each stage in its own place:
-  runner (execute faithfully) -> detect (stop at the first non-finite value)
-  -> diagnose (name the cause) -> RunReport (plain data) -> renderers (terminal, JSON, CI).
+  runner (execute faithfully) -> detect (an observer stops at the first non-finite value and
+  hands over typed data) -> diagnose (`build_report`: the cause and every word) -> RunReport
+  (plain data) -> renderers (terminal, JSON, CI). What a mode adds (a replay) is in modes.py.
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
-from nandoctor.config import Config
-from nandoctor.detect.detector import Detector, NonFiniteFound, StepLimitReached
+from nandoctor import modes, replay
+from nandoctor.detect.observer import NonFiniteFound, Observer, StepLimitReached
 from nandoctor.detect.provenance import SourceLocator
-from nandoctor.detect.watch import StepWatcher, WatchFinding
-from nandoctor import replay
-from nandoctor.replay import RngState
-from nandoctor.diagnose import diagnose
+from nandoctor.diagnose import build_report
 from nandoctor.errors import ExitCode
+from nandoctor.modes import RunRequest
 from nandoctor.report.model import RunReport
 from nandoctor.runner import ScriptOutcome, ScriptRunner
 
-
-@dataclass
-class RunRequest:
-    target: str
-    args: list[str]
-    as_module: bool
-    config: Config
-    config_path: str | None = None
-    replay_rng: str | None = None  # set in a watch-mode replay: the RNG state to start from
+__all__ = ["RunRequest", "prepare", "run"]
 
 
 def prepare(request: RunRequest) -> ScriptRunner:
-    """Find and compile the script; raises UsageError (exit 2) when it cannot run at all."""
+    """Find and compile the script; raises UsageError (exit 2) when it cannot run at all.
+    In a replay process, also takes the replay's random state from the environment."""
+    request.replay_rng = request.replay_rng or replay.take_state_from_environment()
     runner = ScriptRunner(request.target, request.args, as_module=request.as_module)
     runner.prepare()
     return runner
@@ -40,67 +32,17 @@ def prepare(request: RunRequest) -> ScriptRunner:
 
 def run(request: RunRequest, runner: ScriptRunner) -> RunReport:
     """Run the script in the requested mode and report what happened."""
-    if request.config.run["mode"] == "watch":
-        return run_watched(request, runner)
-    return run_traced(request, runner)
+    mode = modes.select(request)
+    if request.replay_rng is not None:
+        request.replay_rng.restore()
+    rng = replay.RngState.capture()
+    locator = SourceLocator(main_file=runner.main_module.__file__, main_display=runner.display_path)
+    observer = mode.observer(request, locator)
+    report = _run_under(observer, runner, mode.name)
+    return mode.conclude(request, report, observer.finding(), rng)
 
 
-def run_traced(request: RunRequest, runner: ScriptRunner) -> RunReport:
-    """Run the script under the per-op detector.
-
-    Inside `optimizer.step()` ops are not checked one by one; the step's result is checked
-    once. When that check fails, a seeded replay that does check them finds the op.
-    """
-    settings = dict(request.config.run)
-    if request.replay_rng:
-        RngState.load(request.replay_rng).restore()
-        settings["check_optimizer_ops"] = True
-        settings["device_flags"] = "never"  # the replay reads every op's check at once
-    rng = RngState.capture()
-    detector = Detector(settings, _locator(runner))
-    report = _run_under(detector, runner, mode="trace")
-    if report.root is not None and report.root.facts.get("needs_replay") and not request.replay_rng:
-        finding = WatchFinding(_replay_subject(report), detector.step, report.root.location, None, None,
-                               weights_clean=_weights_clean(report))
-        return replay.localise(request.target, request.args, request.as_module, request.config_path,
-                               finding, rng, report, keep_on_miss=True)
-    return report
-
-
-def _replay_subject(report: RunReport) -> str:
-    """What the replay is looking for, in the words of its progress line."""
-    root = report.root
-    if "device_flag" in root.facts:
-        return f"output of {root.op}"
-    if root.facts.get("written_by_optimizer") or root.phase == "optimizer":
-        return "parameter update"
-    if root.op == "loss":
-        return "loss"
-    return "gradient" if root.phase == "backward" else "value"
-
-
-def _weights_clean(report: RunReport) -> bool | None:
-    """A stop before optimizer.step() leaves the weights as they were; after it, not."""
-    root = report.root
-    return False if root.facts.get("written_by_optimizer") or root.phase == "optimizer" else None
-
-
-def run_watched(request: RunRequest, runner: ScriptRunner) -> RunReport:
-    """Run the script under the step-boundary watcher; localise a finding by replay."""
-    watcher = StepWatcher(request.config.run, _locator(runner))
-    rng = RngState.capture()
-    report = _run_under(watcher, runner, mode="watch")
-    if watcher.finding is None:
-        return report
-    return replay.localise(request.target, request.args, request.as_module, request.config_path,
-                           watcher.finding, rng, report)
-
-
-def _locator(runner: ScriptRunner) -> SourceLocator:
-    return SourceLocator(main_file=runner.main_module.__file__, main_display=runner.display_path)
-
-
-def _run_under(observer, runner: ScriptRunner, mode: str) -> RunReport:
+def _run_under(observer: Observer, runner: ScriptRunner, mode: str) -> RunReport:
     stopped_by = None
     outcome: ScriptOutcome | None
     try:
@@ -113,30 +55,11 @@ def _run_under(observer, runner: ScriptRunner, mode: str) -> RunReport:
         outcome, stopped_by = ScriptOutcome(0), "max_steps"
     finally:
         _flush_user_streams()
-    report = build_report(runner, observer, outcome, mode=mode)
-    report.stopped_by = stopped_by
-    return report
-
-
-def build_report(runner: ScriptRunner, detector, outcome: ScriptOutcome, mode: str) -> RunReport:
-    step = detector.step if detector.optimizer_seen else None
-    history = detector.history_report()
-    if detector.detection is not None:
-        found = detector.detection
-        report = RunReport(
-            status="nonfinite", exit_code=int(ExitCode.FOUND), script=runner.display_path, step=step,
-            event=found.event, root=found.root, lineage=found.lineage, mode=mode, history=history,
-        )
-        report.cause = diagnose(report)
-        return report
-    if outcome.exception is not None:
-        exc = outcome.exception
-        return RunReport(
-            status="script_error", exit_code=outcome.exit_code, script=runner.display_path, step=step,
-            mode=mode, history=history, error={"type": type(exc).__name__, "message": str(exc)},
-        )
-    return RunReport(status="clean", exit_code=outcome.exit_code, script=runner.display_path, step=step,
-                     mode=mode, history=history)
+    return build_report(
+        runner.display_path, exit_code=outcome.exit_code, mode=mode, detection=observer.detection,
+        error=outcome.exception, step=observer.state.step_or_none, history=observer.history(),
+        stopped_by=stopped_by,
+    )
 
 
 def _flush_user_streams() -> None:

@@ -25,7 +25,8 @@ class Detected:
 
 def detect(fn, **run_overrides) -> Detected:
     """Run `fn()` under a Detector with the default settings; report whether it stopped."""
-    from nandoctor.detect.detector import Detector, NonFiniteFound
+    from nandoctor.detect.detector import Detector
+    from nandoctor.detect.observer import NonFiniteFound
 
     settings = dict(load_config().run, **run_overrides)
     detector = Detector(settings)

@@ -15,7 +15,7 @@ from nandoctor.report import json_report
 # positional, and keep unknown options (`--lr`) for it instead of failing on them.
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
 
-MODES = ("trace", "watch")
+MODES = ("trace", "watch")  # nandoctor.modes.MODES (not imported here: it imports torch)
 
 
 @app.command("run", context_settings=_PASSTHROUGH)
@@ -28,7 +28,6 @@ def run_command(
     mode: Optional[str] = typer.Option(None, "--mode", help="trace: check every op (default). watch: check at step boundaries."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop cleanly after N optimizer steps."),
     junit_path: Optional[Path] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case for the run)."),
-    replay_rng: Optional[str] = typer.Option(None, "--replay-rng", hidden=True),  # watch mode's replay only
 ) -> int:
     """Run a training script exactly as python would and stop at the first NaN/Inf.
 
@@ -45,7 +44,7 @@ def run_command(
     from nandoctor.report import terminal
 
     request = session.RunRequest(target, args, as_module, config,
-                                 config_path=str(config_path) if config_path else None, replay_rng=replay_rng)
+                                 config_path=str(config_path) if config_path else None)
     runner = session.prepare(request)
     report = session.run(request, runner)
     terminal.print_report(report, context_lines=config.run["context_lines"])

@@ -23,6 +23,11 @@ from typing import NamedTuple
 
 import torch
 
+from nandoctor.detect.ops import op_name
+from nandoctor.detect.policy import op_verdict
+from nandoctor.detect.records import Record, next_order
+from nandoctor.detect.result import SiteFacts
+
 # Flags kept before a read is forced (a long inference loop never reaches a boundary):
 # two 0-d tensors per op, a few MB of device memory at most.
 PENDING_LIMIT = 8192
@@ -113,3 +118,59 @@ def _accelerator_present() -> bool:
     if accelerator is not None:
         return bool(accelerator.is_available())
     return torch.cuda.is_available()
+
+
+class DeferredOps:
+    """The detector's side of device flags: queue an op's flag with what names it later,
+    read them at a boundary and apply the same policy as a per-op check (a NaN outside
+    backward stops the run, an Inf is a suspect; inside backward both are suspects until a
+    gradient is still non-finite after `backward()`)."""
+
+    SUSPECTS_KEPT = 16
+
+    def __init__(self, flags: DeviceFlags, recorder, stop_inf_dtypes) -> None:
+        self.flags = flags
+        self.recorder = recorder
+        self.stop_inf_dtypes = stop_inf_dtypes
+        self.were_read = False  # some boundary read flags: this run keeps no lineage for them
+        self.inf_suspects: list = []  # records of this step's flagged Infs (the candidates)
+
+    def defer(self, func, args, out: torch.Tensor, node, created_seq) -> bool:
+        """Queue a device-side flag for `out` (no sync now); True when it is time to read."""
+        r = self.recorder
+        if node is not None:
+            seq, node_name, where, module = node._sequence_nr(), type(node).__name__, None, None
+        else:
+            seq, node_name, module = created_seq, None, r.modules.current
+            # An op that built an autograd node has its line in the node sites already.
+            where = None if created_seq is not None else r.locator.user_frame(2)
+        entry = FlaggedOp(func, r.state.phase(node, args, r.modules.current), out.dtype, seq, node_name, where,
+                          module, r.state.step_or_none)
+        return self.flags.add(out, entry)
+
+    def read(self):
+        """(record, reason) of the first flagged op that stops the run, or None."""
+        self.were_read = True
+        for flag in self.flags.read():
+            if flag.entry.phase == "backward":
+                self.recorder.last_backward_order = next_order()
+                continue
+            record = self._record(flag)
+            reason = op_verdict(record.phase, flag.has_nan, flag.entry.dtype, False, self.stop_inf_dtypes)
+            if reason is not None:
+                return record, reason
+            if len(self.inf_suspects) < self.SUSPECTS_KEPT:
+                self.inf_suspects.append(record)
+        return None
+
+    def _record(self, flag: Flagged):
+        """A record of a flagged op: its name, phase, line and module, but not its values
+        (freed by now); a seeded replay that checks each op at once recovers those."""
+        e = flag.entry
+        site = self.recorder.sites.get(e.node_seq) if e.node_seq is not None else None
+        return Record(
+            op=op_name(e.func), phase=e.phase, where=e.where or (site[0] if site else None),
+            module=e.module or (site[1] if site else None), backward_node=e.node_name, node_seq=e.node_seq,
+            step=e.step, output=None, inputs=[], parents=[], has_nan=flag.has_nan,
+            facts=SiteFacts(device_flag="nan" if flag.has_nan else "inf"),
+        )

@@ -1,5 +1,7 @@
 """The points where training shows itself, hooked without touching the user's code.
 
+Each hook calls the observer (see observer.py for the protocol):
+
 - `torch.autograd.backward` / `torch.autograd.grad`: the loss, and the gradients after.
 - global optimizer step pre/post hooks: the step count, the optimizer phase, parameters.
 - `_BaseDataLoaderIter.__next__`: the data phase, and each batch as it arrives (also from
@@ -18,19 +20,18 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 
 class TrainingHooks:
-    def __init__(self, detector, data_loading: bool = True) -> None:
-        self.detector = detector
-        self.data_loading = data_loading  # hook DataLoader iteration (the detector's data phase)
+    def __init__(self, observer) -> None:
+        self.observer = observer
         self._undo: list = []
 
     def install(self) -> None:
         self._patch(torch.autograd, "backward", self._wrap_backward)
         self._patch(torch.autograd, "grad", self._wrap_grad)
-        pre = register_optimizer_step_pre_hook(lambda opt, args, kwargs: self.detector.before_optimizer_step(opt))
-        post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.detector.after_optimizer_step(opt))
+        pre = register_optimizer_step_pre_hook(lambda opt, args, kwargs: self.observer.before_optimizer_step(opt))
+        post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.observer.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
-        if self.data_loading:
+        if self.observer.watches_data:
             self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
             self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
 
@@ -44,33 +45,33 @@ class TrainingHooks:
         self._undo.append(lambda: setattr(owner, name, original))
 
     def _wrap_backward(self, original):
-        detector = self.detector
+        observer = self.observer
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
-            mark = detector.before_backward(roots)
+            mark = observer.before_backward(roots)
             result = original(tensors, *args, **kwargs)
-            detector.after_backward(roots, mark)
+            observer.after_backward(roots, mark)
             return result
 
         return backward
 
     def _wrap_grad(self, original):
-        detector = self.detector
+        observer = self.observer
 
         @functools.wraps(original)
         def grad(outputs, *args, **kwargs):
             roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs or ())
-            mark = detector.before_backward(roots)
+            mark = observer.before_backward(roots)
             result = original(outputs, *args, **kwargs)
-            detector.after_grad(result, mark)
+            observer.after_grad(result, mark)
             return result
 
         return grad
 
     def _wrap_optimizer_init(self, original):
-        observer = self.detector
+        observer = self.observer
 
         @functools.wraps(original)
         def __init__(optimizer, *args, **kwargs):
@@ -80,22 +81,21 @@ class TrainingHooks:
         return __init__
 
     def _wrap_next(self, original):
-        detector = self.detector
+        observer = self.observer
 
         @functools.wraps(original)
         def __next__(iterator):
-            detector.data_started()
+            observer.data_started()
             try:
                 batch = original(iterator)
                 number = getattr(iterator, "_nandoctor_batches", 0)
                 iterator._nandoctor_batches = number + 1
                 pending = getattr(iterator, "_nandoctor_indices", None)
                 indices = pending.popleft() if pending else None
-                if detector.settings.get("check_batches", True):
-                    # Still inside data loading: the check itself runs without the per-op mode.
-                    detector.check_batch(batch, number, indices, getattr(iterator, "_dataset", None))
+                # Still inside data loading: the check itself runs without the per-op mode.
+                observer.check_batch(batch, number, indices, getattr(iterator, "_dataset", None))
             finally:
-                detector.data_finished()
+                observer.data_finished()
             return batch
 
         return __next__

@@ -7,7 +7,7 @@ check that can be exact: the sum of a float tensor is non-finite whenever any el
 slow path, because large finite values can overflow the sum). On an accelerator, where
 reading a result on the host is a sync, the check is queued on the device instead and read
 at the next boundary (see `device_flags.py`). Everything else — deciding, recording,
-explaining — happens in the `Detector`, on the rare path.
+explaining — happens in the `Detector` and its pieces, on the rare path.
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class CheckingMode(TorchDispatchMode):
         created = None
         if node is None:
             seq = _sequence_nr()
-            if seq != d.sites._last_seq:
+            if seq != d.sites.last_seq:
                 # Autograd numbered a node for this op: remember the forward line for backward.
                 created = seq - 1
                 d.sites.note(seq, (d.locator.user_frame(1), d.modules.current))

@@ -31,22 +31,20 @@ _UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empt
 # moving, selecting, reshaping and gathering never create a NaN or an Inf. (`copy_` is
 # not among them: it can narrow float32 to float16, and it is how `load_state_dict`
 # writes a checkpoint's values into parameters, which is where a bad checkpoint shows.)
+# Fills, `where` and clamps pass values through too, but are in FILL_OPS below.
 _PASSTHROUGH = {
-    "detach", "alias", "clone", "contiguous", "lift_fresh", "lift_fresh_copy",
-    "view", "_unsafe_view", "reshape", "expand", "expand_as", "t", "transpose", "permute",
-    "squeeze", "unsqueeze", "select", "slice", "narrow", "as_strided", "unfold", "flatten",
-    "unbind", "split", "split_with_sizes", "chunk", "view_as", "movedim", "diagonal",
-    "index", "index_select", "gather", "take", "masked_select", "cat", "stack", "roll", "flip",
-    "repeat", "tile", "zeros", "zeros_like", "ones", "ones_like", "zero_", "new_zeros",
-    "new_ones", "scalar_tensor", "arange", "_to_dense", "constant_pad_nd", "tril", "triu",
-    "embedding", "embedding_dense_backward_fake", "nonzero", "topk", "sort", "max", "min",
-    "amax", "amin", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "relu", "relu_",
-    "threshold_backward", "where", "index_put", "index_put_", "scatter", "scatter_",
-    "masked_fill", "masked_fill_", "fill", "fill_", "full", "full_like", "new_full",
-    "_reshape_alias", "set_", "resize_", "_local_scalar_dense", "item", "sym_size",
-    "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
-    "dropout", "native_dropout", "bernoulli", "bernoulli_", "rand", "rand_like", "randn",
-    "randn_like", "randint", "randint_like", "uniform_", "normal_", "randperm",
+    "detach", "alias", "clone", "contiguous", "lift_fresh", "lift_fresh_copy", "view",
+    "_unsafe_view", "reshape", "expand", "expand_as", "t", "transpose", "permute", "squeeze",
+    "unsqueeze", "select", "slice", "narrow", "as_strided", "unfold", "flatten", "unbind",
+    "split", "split_with_sizes", "chunk", "view_as", "movedim", "diagonal", "index",
+    "index_select", "gather", "take", "masked_select", "cat", "stack", "roll", "flip", "repeat",
+    "tile", "zeros", "zeros_like", "ones", "ones_like", "zero_", "new_zeros", "new_ones",
+    "arange", "_to_dense", "tril", "triu", "embedding", "nonzero", "topk", "sort", "max", "min",
+    "amax", "amin", "relu", "relu_", "threshold_backward", "_reshape_alias", "set_", "resize_",
+    "_local_scalar_dense", "item", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+    "is_same_size", "_has_compatible_shallow_copy_type", "dropout", "native_dropout",
+    "bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint",
+    "randint_like", "uniform_", "normal_", "randperm",
 }
 
 # Fills and masked fills CAN write a non-finite value when they are told to (a -inf

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.report.model import Location
+from nandoctor.detect.result import Location
 
 _LIBRARY_DIRS = tuple(
     str(Path(p).resolve()) + os.sep
@@ -171,21 +171,18 @@ class NodeSites:
     def __init__(self) -> None:
         self._current: dict[int, tuple] = {}
         self._previous: dict[int, tuple] = {}
-        self._last_seq = -1
+        self.last_seq = -1  # the counter when the last node was noted (read by the hot path)
 
     def note(self, seq_now: int, site: tuple) -> None:
         # Every node numbered since the last op (a composite op can build several) gets the site.
-        for seq in range(max(self._last_seq, seq_now - 4), seq_now):
+        for seq in range(max(self.last_seq, seq_now - 4), seq_now):
             self._current[seq] = site
-        self._last_seq = seq_now
+        self.last_seq = seq_now
         if len(self._current) > self.limit:  # graphs built and never differentiated (eval with grad on)
             self.new_generation()
 
     def __len__(self) -> int:
         return len(self._current) + len(self._previous)
-
-    def moved(self, seq_now: int) -> bool:
-        return seq_now != self._last_seq
 
     def get(self, seq: int) -> tuple | None:
         return self._current.get(seq) or self._previous.get(seq)

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from nandoctor.detect.result import SiteFacts
 from nandoctor.stats import TensorSummary
 
 _sequence = itertools.count()
@@ -41,8 +40,7 @@ class Record:
     parents: list["Record"]  # records of the non-finite inputs
     has_nan: bool
     intended: bool = False  # a -inf written on purpose (mask fill): not a root of anything
-    untracked_input: bool = False  # an input was already non-finite with no record (came from outside)
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: SiteFacts = field(default_factory=SiteFacts)
     order: int = field(default_factory=next_order)
 
 

@@ -13,52 +13,38 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
 
 import torch
 
-from nandoctor.detect.detector import NonFiniteFound, StepLimitReached, StepHistory, global_norm
+from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
+from nandoctor.detect.observer import NonFiniteFound, Observer
 from nandoctor.detect.provenance import SourceLocator
-from nandoctor.report.model import History, Location
+from nandoctor.detect.result import WatchFinding
 
 
-@dataclass
-class WatchFinding:
-    """What watch mode saw: which value went non-finite, at which step, called from where."""
+class StepWatcher(Observer):
+    """Watch mode's observer: the loss and the gradients at step boundaries, nothing per op.
+    It does not install DataLoader hooks: a bad batch shows in the loss."""
 
-    what: str  # "loss" or "gradient"
-    step: int  # optimizer steps completed
-    location: Location | None  # the backward() / step() call
-    loss: float | None
-    grad_norm: float | None
-    weights_clean: bool | None
-
-
-class StepWatcher:
     def __init__(self, run_settings, locator: SourceLocator | None = None) -> None:
-        self.max_steps = int(run_settings.get("max_steps", 0) or 0)
+        super().__init__(run_settings)
         self.locator = locator or SourceLocator()
-        self.history = StepHistory(int(run_settings.get("history", 64)))
-        self.step = 0
-        self.optimizer_seen = False
-        self.finding: WatchFinding | None = None
-        self.detection = None  # watch mode never localises by itself: see replay.py
+        self.watch_finding: WatchFinding | None = None
         self._loss: torch.Tensor | None = None
         self._loss_where = None
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
-        # No DataLoader hooks: batches are not checked here (a bad one shows in the loss).
-        self._hooks = TrainingHooks(self, data_loading=False)
+        self._hooks = TrainingHooks(self)
 
     def __enter__(self) -> "StepWatcher":
         self._hooks.install()
         return self
 
-    def finish(self) -> None:
-        pass  # every check already ran at its boundary
-
     def __exit__(self, *exc) -> None:
         self._hooks.uninstall()
+
+    def finding(self) -> WatchFinding | None:
+        return self.watch_finding
 
     # -- the boundaries --------------------------------------------------------------
 
@@ -71,26 +57,19 @@ class StepWatcher:
         else:
             self._loss = loss.detach().sum() if loss.numel() != 1 else loss.detach().view(())
         self._loss_where = self.locator.user_frame(2)
-        if not self.optimizer_seen:  # no step boundary to batch the check with
+        if not self.state.optimizer_seen:  # no step boundary to batch the check with
             value = float(self._loss.item())
             if not math.isfinite(value):
                 self._stop("loss", value, None, self._loss_where)
         return 0
 
-    def after_backward(self, roots, mark: int) -> None:
-        pass
-
-    def after_grad(self, outputs, mark: int) -> None:
-        pass
-
     def optimizer_created(self, optimizer) -> None:
         # From here on the loss is checked with the gradients, in the step's one sync.
-        self.optimizer_seen = True
+        super().optimizer_created(optimizer)
         self._optimizers.add(optimizer)
 
     def before_optimizer_step(self, optimizer) -> None:
-        self.optimizer_seen = True
-        self._optimizers.add(optimizer)
+        self.optimizer_created(optimizer)
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]
                  if p.grad is not None and not p.grad.is_meta]
         values = [self._loss] if self._loss is not None else []
@@ -106,25 +85,21 @@ class StepWatcher:
         grad_norm = math.sqrt(math.fsum(n * n for n in numbers[1 if self._loss is not None else 0:])) if grads else None
         if grad_norm is not None and not math.isfinite(grad_norm):
             grad_norm = global_norm(grads)  # rare: tell a norm that overflowed float32 from a bad gradient
-        self._pending = (loss, grad_norm)
+        self.state.pending_loss, self.state.pending_grad_norm = loss, grad_norm
         if loss is not None and not math.isfinite(loss):
             self._stop("loss", loss, grad_norm, self._loss_where)
         if grad_norm is not None and not math.isfinite(grad_norm):
             self._stop("gradient", loss, grad_norm, self.locator.user_frame(2))
 
     def after_optimizer_step(self, optimizer) -> None:
-        self.step += 1
-        loss, grad_norm = getattr(self, "_pending", (None, None))
-        self.history.add(self.step, loss, grad_norm)
         self._loss = None
-        if self.max_steps and self.step >= self.max_steps:
-            raise StepLimitReached()
+        super().after_optimizer_step(optimizer)
 
     # -- stopping --------------------------------------------------------------------
 
     def _stop(self, what: str, loss, grad_norm, where) -> None:
-        self.finding = WatchFinding(what, self.step, self.locator.location(where), loss, grad_norm,
-                                    weights_clean=self._weights_clean())
+        self.watch_finding = WatchFinding(what, self.state.step, self.locator.location(where), loss, grad_norm,
+                                          weights_clean=self._weights_clean())
         raise NonFiniteFound(f"the {what} is non-finite")
 
     def _weights_clean(self) -> bool | None:
@@ -138,6 +113,3 @@ class StepWatcher:
         if not params:
             return None
         return all(bool(torch.isfinite(p).all()) for p in params if p.is_floating_point())
-
-    def history_report(self) -> History:
-        return self.history.as_report()

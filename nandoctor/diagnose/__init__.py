@@ -1,29 +1,55 @@
-"""Diagnosis: name the cause of a detection and the fix.
+"""Diagnosis: every word of a report — the cause and its fix, the stop reason, the notes.
 
-`diagnose(report)` asks the rules registered in `registry` (context rules, then the rule
-of the root op's family, then the fallbacks) and returns the first cause that applies, or
-`unknown` with the facts that were checked.
+`build_report(...)` turns what an observer found (a typed `Detection`, or nothing) and how
+the script ended into the `RunReport` that renderers read; the session, the pytest plugin
+and the tests all build reports through it. `diagnose(evidence)` asks the rules registered
+in `registry` (context rules, then the rule of the root op's family, then the fallbacks)
+and returns the first cause that applies, or `unknown` with the facts that were checked.
 """
 from __future__ import annotations
 
+from nandoctor.detect.result import Detection, History
 from nandoctor.diagnose import rules as _rules  # noqa: F401  (registers every rule)
+from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence
-from nandoctor.diagnose.registry import context_rules, fallback_rules, rule_for_op
+from nandoctor.diagnose.registry import context_rules, fallback_rules, rule_for
+from nandoctor.errors import ExitCode
 from nandoctor.report.model import Cause, RunReport
 
 
-def diagnose(report: RunReport) -> Cause:
-    evidence = Evidence.from_report(report)
-    for rule in candidate_rules(evidence):
-        cause = rule(evidence)
+def build_report(script: str, *, exit_code: int, mode: str = "trace", detection: Detection | None = None,
+                 error: BaseException | None = None, step: int | None = None,
+                 history: History | None = None, stopped_by: str | None = None) -> RunReport:
+    """The report of one run: nonfinite when there is a detection, else script_error when
+    the script raised, else clean."""
+    history = history or History()
+    common = dict(script=script, step=step, mode=mode, history=history, stopped_by=stopped_by)
+    if detection is not None:
+        report = RunReport(status="nonfinite", exit_code=int(ExitCode.FOUND), event=detection.event, root=detection.root,
+                           lineage=detection.lineage, reason=words.stop_reason(detection.reason, detection.event),
+                           **common)
+        report.cause = diagnose(Evidence.of(detection, history, step))
+        if detection.flagged_infs:
+            report.notes.append("device flags saw an Inf this step in: "
+                                + "; ".join(words.site_brief(s) for s in detection.flagged_infs))
+        return report
+    if error is not None:
+        return RunReport(status="script_error", exit_code=exit_code,
+                         error={"type": type(error).__name__, "message": str(error)}, **common)
+    return RunReport(status="clean", exit_code=exit_code, **common)
+
+
+def diagnose(ev: Evidence) -> Cause:
+    for rule in candidate_rules(ev):
+        cause = rule(ev)
         if cause is not None:
             return cause
-    return unknown(evidence)
+    return unknown(ev)
 
 
 def candidate_rules(ev: Evidence):
     yield from context_rules()
-    op_rule = rule_for_op(ev.forward_op if ev.node else ev.op)
+    op_rule = rule_for(ev)
     if op_rule is not None:
         yield op_rule
     yield from fallback_rules()

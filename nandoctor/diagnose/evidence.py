@@ -1,12 +1,12 @@
-"""What a rule looks at: the root, the event, the lineage and the run's history, with the
-questions rules keep asking (how many zeros went into the division? which dtype?).
+"""What a rule looks at: the detection's root, event and lineage and the run's history,
+with the questions rules keep asking (how many zeros went into the division? which dtype?).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from nandoctor.report.model import History, OpSite, RunReport
+from nandoctor.detect.result import Detection, History, Site, SiteFacts
 from nandoctor.stats import TensorSummary
 
 # Largest x whose exp(x) is finite, per dtype (log of the dtype's max).
@@ -16,16 +16,20 @@ FLOAT_MAX = {"float32": 3.4028e38, "float16": 65504.0, "bfloat16": 3.3895e38, "f
 
 @dataclass
 class Evidence:
-    root: OpSite
-    event: OpSite
-    lineage: list[OpSite]
+    root: Site
+    event: Site
+    lineage: list[Site]
     history: History
     step: int | None
 
     @classmethod
-    def from_report(cls, report: RunReport) -> "Evidence":
-        assert report.root is not None and report.event is not None
-        return cls(report.root, report.event, report.lineage, report.history, report.step)
+    def of(cls, detection: Detection, history: History, step: int | None) -> "Evidence":
+        return cls(detection.root, detection.event, detection.lineage, history, step)
+
+    @property
+    def facts(self) -> SiteFacts:
+        """The root's facts."""
+        return self.root.facts
 
     @property
     def op(self) -> str:
@@ -74,9 +78,6 @@ class Evidence:
 
     def inputs_finite(self) -> bool:
         return all(s.nonfinite == 0 for s in self.root.inputs)
-
-    def fact(self, key: str, default=None):
-        return self.root.facts.get(key, default)
 
     def made_nan(self) -> bool:
         return bool(self.output and self.output.nan)

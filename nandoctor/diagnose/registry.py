@@ -3,14 +3,15 @@
 Three kinds of rules, tried in this order:
 1. `context` rules: facts about the run that outrank the op (a batch that arrived
    non-finite, a leaking masked Inf, a bad parameter, the optimizer's own update).
-2. `op` rules, by the root op's base name (`log`, `div`, ...) for forward roots, and by the
-   forward op a backward node differentiates (`SqrtBackward0` -> `sqrt`) for backward roots.
+2. `op` rules: for a forward root by the root op's base name (`log`, `div`, ...); for a
+   backward root by its autograd node's name without the overload digit
+   (`SqrtBackward0` -> `SqrtBackward`), given to `op_rule(..., nodes=...)`.
 3. `fallback` rules: history (exploding gradients), dtype (float16 overflow), Inf arithmetic.
 A rule returns a `Cause` or None (does not apply). Registering one name twice is an error.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from nandoctor.diagnose.evidence import Evidence
 from nandoctor.report.model import Cause
@@ -18,16 +19,20 @@ from nandoctor.report.model import Cause
 Rule = Callable[[Evidence], Optional[Cause]]
 
 _op_rules: dict[str, Rule] = {}
+_node_rules: dict[str, Rule] = {}
 _context_rules: list[Rule] = []
 _fallback_rules: list[Rule] = []
 
 
-def op_rule(*op_names: str):
+def op_rule(*op_names: str, nodes: Iterable[str] = ()):
+    """Register a rule for forward ops by base name and backward nodes by name."""
+
     def register(rule: Rule) -> Rule:
-        for name in op_names:
-            if name in _op_rules:
-                raise ValueError(f"a diagnosis rule for '{name}' is already registered")
-            _op_rules[name] = rule
+        for table, names in ((_op_rules, op_names), (_node_rules, nodes)):
+            for name in names:
+                if name in table:
+                    raise ValueError(f"a diagnosis rule for '{name}' is already registered")
+                table[name] = rule
         return rule
 
     return register
@@ -43,8 +48,10 @@ def fallback_rule(rule: Rule) -> Rule:
     return rule
 
 
-def rule_for_op(name: str | None) -> Rule | None:
-    return _op_rules.get(name) if name else None
+def rule_for(ev: Evidence) -> Rule | None:
+    if ev.node:
+        return _node_rules.get(ev.node.rstrip("0123456789"))
+    return _op_rules.get(ev.op) if ev.op else None
 
 
 def context_rules() -> list[Rule]:

@@ -106,7 +106,7 @@ def failure_text(report: RunReport) -> str:
         if root.output is not None:
             lines.append(f"  output {one_line(replace(root.output, name=''))}")
     if report.event is not None and report.event != root:
-        reason = f" ({report.event.reason})" if report.event.reason else ""
+        reason = f" ({report.reason})" if report.reason else ""
         lines.append(f"Stopped at: {_site_line(report.event)}{reason}")
     if report.step is not None:
         lines.append(f"Optimizer steps completed: {report.step}")

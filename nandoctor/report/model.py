@@ -1,90 +1,22 @@
-"""The run report: plain data that detection fills in and renderers read.
+"""The run report: plain data that the session assembles and renderers read.
 
 This is the boundary of the architecture: nothing here imports torch, and `to_dict()` is
-exactly the JSON of `shared/CONTRACT.md` (plus added fields, never fewer).
+exactly the JSON of `shared/CONTRACT.md` (plus added fields, never fewer). The sites are
+detection's typed `Site`s; every word in the report (the cause, the stop reason, notes)
+comes from `nandoctor.diagnose`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from nandoctor.stats import TensorSummary
+from nandoctor.detect.result import History, Location, Site, SiteFacts
 
 SCHEMA = "nandoctor.run/1"
 
-PHASES = ("forward", "backward", "optimizer", "data", "init")
+__all__ = ["SCHEMA", "Cause", "History", "Location", "RunReport", "Site", "SiteFacts"]
 
-
-@dataclass(frozen=True)
-class Location:
-    """The source line a user should look at."""
-
-    file: str
-    line: int
-    function: str
-    code: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function, "code": self.code}
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "Location | None":
-        return cls(data["file"], data["line"], data["function"], data["code"]) if data else None
-
-
-@dataclass
-class OpSite:
-    """One op whose output was non-finite: where it ran and what went in and out."""
-
-    op: str
-    phase: str
-    location: Location | None
-    module: str | None = None
-    backward_node: str | None = None
-    output: TensorSummary | None = None
-    inputs: list[TensorSummary] = field(default_factory=list)
-    step: int | None = None
-    # Added fields (beyond the contract): why the detector stopped here, and a few raw
-    # facts rules found useful (e.g. the CTC lengths), kept for the report.
-    reason: str = ""
-    facts: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "op": self.op,
-            "location": self.location.to_dict() if self.location else None,
-            "backward_node": self.backward_node,
-            "module": self.module,
-            "output": self.output.to_dict() if self.output else None,
-            "inputs": [s.to_dict() for s in self.inputs],
-            "step": self.step,
-            "reason": self.reason,
-            "facts": self.facts,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "OpSite":
-        return cls(
-            op=data["op"], phase=data["phase"], location=Location.from_dict(data.get("location")),
-            module=data.get("module"), backward_node=data.get("backward_node"),
-            output=TensorSummary.from_dict(data["output"]) if data.get("output") else None,
-            inputs=[TensorSummary.from_dict(s) for s in data.get("inputs") or []],
-            step=data.get("step"), reason=data.get("reason", ""), facts=dict(data.get("facts") or {}),
-        )
-
-    def lineage_entry(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "phase": self.phase,
-            "location": self.location.to_dict() if self.location else None,
-            "backward_node": self.backward_node,
-            "module": self.module,
-            "output": self.output.to_dict() if self.output else None,
-        }
+OpSite = Site  # TRANSITIONAL: renderers are being moved; removed once they use Site
 
 
 @dataclass(frozen=True)
@@ -103,38 +35,17 @@ class Cause:
 
 
 @dataclass
-class History:
-    """Per-step loss and global gradient norm, oldest first (None where not seen)."""
-
-    steps: list[int] = field(default_factory=list)
-    loss: list[float | None] = field(default_factory=list)
-    grad_norm: list[float | None] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "loss": self.loss, "grad_norm": self.grad_norm}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "History":
-        data = data or {}
-
-        def number(v):  # JSON carries non-finite floats as strings
-            return float(v) if isinstance(v, str) else v
-
-        return cls(list(data.get("steps", [])), [number(v) for v in data.get("loss", [])],
-                   [number(v) for v in data.get("grad_norm", [])])
-
-
-@dataclass
 class RunReport:
     status: str  # nonfinite | clean | script_error
     exit_code: int
     script: str
     step: int | None = None
-    event: OpSite | None = None
-    root: OpSite | None = None
+    event: Site | None = None
+    root: Site | None = None
     cause: Cause | None = None
-    lineage: list[OpSite] = field(default_factory=list)
+    lineage: list[Site] = field(default_factory=list)
     # Added fields.
+    reason: str = ""  # why the run stopped at the event, in words (JSON: `event.reason`)
     mode: str = "trace"
     history: History = field(default_factory=History)
     error: dict[str, Any] | None = None  # for script_error: the exception type and message
@@ -146,12 +57,14 @@ class RunReport:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunReport":
         """Read back a report written by `to_dict` (watch mode reads its replay's report)."""
-        lineage_sites = [OpSite.from_dict(dict(entry, inputs=[])) for entry in data.get("lineage") or []]
+        lineage_sites = [Site.from_dict(dict(entry, inputs=[])) for entry in data.get("lineage") or []]
+        event = data.get("event")
         return cls(
             status=data["status"], exit_code=data["exit_code"], script=data["script"], step=data.get("step"),
-            event=OpSite.from_dict(data["event"]) if data.get("event") else None,
-            root=OpSite.from_dict(data["root"]) if data.get("root") else None,
-            cause=Cause.from_dict(data.get("cause")), lineage=lineage_sites, mode=data.get("mode", "trace"),
+            event=Site.from_dict(event) if event else None,
+            root=Site.from_dict(data["root"]) if data.get("root") else None,
+            cause=Cause.from_dict(data.get("cause")), lineage=lineage_sites,
+            reason=(event or {}).get("reason", ""), mode=data.get("mode", "trace"),
             history=History.from_dict(data.get("history")), error=data.get("error"),
             notes=list(data.get("notes") or []), reproduced=data.get("reproduced"),
             weights_clean=data.get("weights_clean"), stopped_by=data.get("stopped_by"),
@@ -164,8 +77,8 @@ class RunReport:
             "exit_code": self.exit_code,
             "script": self.script,
             "step": self.step,
-            "event": self.event.to_dict() if self.event else None,
-            "root": self.root.to_dict() if self.root else None,
+            "event": self._site_dict(self.event),
+            "root": self._site_dict(self.root),
             "cause": self.cause.to_dict() if self.cause else None,
             "lineage": [site.lineage_entry() for site in self.lineage],
             "mode": self.mode,
@@ -176,3 +89,8 @@ class RunReport:
             "weights_clean": self.weights_clean,
             "stopped_by": self.stopped_by,
         }
+
+    def _site_dict(self, site: Site | None) -> dict[str, Any] | None:
+        if site is None:
+            return None
+        return dict(site.to_dict(), reason=self.reason if site == self.event else "")

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nandoctor.console import stdout_console
-from nandoctor.report.model import History, Location, OpSite, RunReport
+from nandoctor.report.model import History, Location, OpSite, RunReport, SiteFacts
 from nandoctor.stats import one_line
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -70,7 +70,7 @@ def _nonfinite(report: RunReport, context_lines: int):
         parts.append(Text(""))
         parts.append(_lineage(report.lineage))
     if event is not root and len(report.lineage) > 1:
-        parts.append(Text.from_markup(f"[bold]Stopped[/] at the last op above: {escape(event.reason)}."))
+        parts.append(Text.from_markup(f"[bold]Stopped[/] at the last op above: {escape(report.reason)}."))
     history = _history(report.history)
     if history is not None:
         parts.append(Text(""))
@@ -96,12 +96,7 @@ def _watch_line(report: RunReport) -> Text:
 
 
 def _kind(site: OpSite) -> str:
-    out = site.output
-    if out is None:
-        return {"nan": "NaN", "inf": "Inf"}.get(site.facts.get("device_flag"), "non-finite value")
-    if out.nan:
-        return "NaN"
-    return "Inf"
+    return {"nan": "NaN", "inf": "Inf"}.get(site.made, "non-finite value")
 
 
 def _site_heading(label: str, site: OpSite) -> Text:
@@ -143,18 +138,39 @@ def _tensors(site: OpSite) -> Table:
         table.add_row("  in ", _tensor_line(one_line(s), s.nonfinite))
     if site.output is not None:
         table.add_row("  out", _tensor_line(one_line(site.output).replace("output ", "", 1), site.output.nonfinite))
-    if site.output is None and "device_flag" in site.facts:
-        made = "NaN" if site.facts["device_flag"] == "nan" else "Inf"
+    if site.output is None and site.facts.device_flag is not None:
+        made = "NaN" if site.facts.device_flag == "nan" else "Inf"
         table.add_row("  out", Text(f"{made} (seen by the op's device-side flag; values not kept)", style="bold red"))
-    for key, value in site.facts.items():
-        if key in _INTERNAL_FACTS:
-            continue
-        table.add_row("  fact", escape(f"{key}: {value}"))
+    for label, value in fact_rows(site.facts):
+        table.add_row("  fact", escape(f"{label}: {value}"))
     return table
 
 
-# Facts the diagnosis reads that the report shows elsewhere (or that mean nothing to a user).
-_INTERNAL_FACTS = ("input_producers", "untracked_input", "gradient_leak_through", "needs_replay", "device_flag")
+def fact_rows(facts: SiteFacts) -> list[tuple[str, str]]:
+    """The facts a reader acts on, one (label, value) row each. The rest (input producers,
+    the leaking node, whether an input was untracked) feed the cause, which says them."""
+    rows = []
+    p = facts.parameter
+    if p is not None:
+        where = f"param_groups[{p.group}].params[{p.index}] " if p.group is not None else ""
+        rows.append(("parameter", p.name or f"{where}shape {p.shape}"))
+    if facts.optimizer:
+        rows.append(("optimizer", facts.optimizer))
+    b = facts.batch
+    if b is not None:
+        rows.append(("batch", f"{b.number}, {b.key}, rows {list(b.rows)}"
+                     + (f", dataset indices {list(b.dataset_indices)}" if b.dataset_indices else "")))
+    if facts.inf_written_at is not None or facts.inf_written_by:
+        rows.append(("Inf written at", str(facts.inf_written_at or facts.inf_written_by)))
+    if facts.ctc is not None:
+        rows.append(("CTC lengths", f"input {list(facts.ctc.input_lengths)}, target {list(facts.ctc.target_lengths)}"))
+    if facts.exponent is not None:
+        rows.append(("exponent", f"{facts.exponent:g}"))
+    if facts.loss is not None or facts.grad_norm is not None:
+        rows.append(("at the boundary", f"loss {facts.loss}, gradient norm {facts.grad_norm}"))
+    if facts.op_facts_error:
+        rows.append(("op facts unavailable", facts.op_facts_error))
+    return rows
 
 
 def _tensor_line(line: str, bad: int) -> Text:

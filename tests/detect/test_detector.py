@@ -131,7 +131,7 @@ class TestBackward:
         d = detect(train).detection
         assert d.root.op == "aten.div.Tensor" and d.root.phase == "forward"
         assert d.root.location.line == line_of("MARK-div")
-        assert d.root.facts["gradient_leak_through"] == "DivBackward0"
+        assert d.root.facts.gradient_leak_through == "DivBackward0"
 
     def test_a_gradient_made_non_finite_stops_before_the_optimizer_step(self):
         w = torch.nn.Parameter(torch.tensor([1.0]))
@@ -160,9 +160,9 @@ class TestPhasesAndSteps:
             torch.log(torch.tensor([-1.0]))
 
         result = detect(train)
-        assert result.detector.step == 3
+        assert result.detector.state.step == 3
         assert result.detection.root.step == 3
-        assert len(result.detector.history_report().loss) == 3
+        assert len(result.detector.history().loss) == 3
 
     def test_a_module_name_is_recorded(self):
         class Head(torch.nn.Module):
@@ -200,10 +200,10 @@ class TestPhasesAndSteps:
 
         d = detect(load, check_batches=True).detection
         assert d.root.phase == "data" and d.root.op == ""
-        assert d.root.facts["batch"] == 1 and d.root.facts["dataset_indices"] == [4]
+        assert d.root.facts.batch.number == 1 and d.root.facts.batch.dataset_indices == (4,)
 
     def test_max_steps_stops_cleanly(self):
-        from nandoctor.detect.detector import StepLimitReached
+        from nandoctor.detect.observer import StepLimitReached
 
         model = torch.nn.Linear(2, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)

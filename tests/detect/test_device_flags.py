@@ -75,11 +75,12 @@ class TestDeferredDetection:
         root = result.detection.root
         assert root.op == "aten.sqrt.default" and root.phase == "forward"
         assert root.location.code == "loss = torch.sqrt(w).sum()  # MARK-sqrt"
-        assert root.facts["device_flag"] == "nan" and root.facts["needs_replay"] is True
+        assert root.facts.device_flag == "nan" and result.detection.needs_replay
         assert root.output is None and root.inputs == []  # the values are gone by the boundary
 
     def test_flags_still_pending_when_the_script_ends_are_read(self):
-        from nandoctor.detect.detector import Detector, NonFiniteFound
+        from nandoctor.detect.detector import Detector
+        from nandoctor.detect.observer import NonFiniteFound
         from nandoctor.config import load_config
 
         detector = Detector(dict(load_config().run, device_flags="always"))
@@ -118,9 +119,8 @@ class TestDeferredDetection:
         result = detect(train, device_flags="always")
         assert result.stopped
         assert all(torch.equal(a, b) for a, b in zip(before, lin.parameters()))
-        event = result.detection.event
-        assert event.facts["needs_replay"] is True
-        assert any(op.startswith("aten.div.Tensor") for op in event.facts["flagged_inf_ops"])
+        assert result.detection.needs_replay
+        assert "aten.div.Tensor" in [site.op for site in result.detection.flagged_infs]
 
 
 ONCE = """\

@@ -10,8 +10,8 @@ from nandoctor.detect.detector import Detector
 
 
 def _sizes(detector) -> tuple[int, ...]:
-    return (len(detector.records), len(detector.sites), len(detector.forward_nonfinite_by_node),
-            len(detector.history.steps))
+    return (len(detector.records), len(detector.sites), len(detector.recorder.forward_by_node),
+            len(detector.state.history.steps))
 
 
 def test_state_is_flat_over_many_steps_even_with_legit_infs_every_step():

@@ -6,7 +6,7 @@ import torch
 
 from helpers import run_nandoctor
 from nandoctor.config import load_config
-from nandoctor.detect.detector import NonFiniteFound
+from nandoctor.detect.observer import NonFiniteFound
 from nandoctor.detect.watch import StepWatcher
 
 
@@ -25,19 +25,24 @@ def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
                 opt.step()
     except NonFiniteFound:
         pass
-    assert watcher.finding is not None and watcher.finding.what == "gradient"
-    assert watcher.finding.step == 1
-    assert watcher.finding.weights_clean is True
+    assert watcher.finding() is not None and watcher.finding().what == "gradient"
+    assert watcher.finding().step == 1
+    assert watcher.finding().weights_clean is True
     assert torch.isfinite(w).all()
 
 
 def test_meta_tensors_pass_through_watch_mode():
-    with StepWatcher(load_config().run):
+    # A model built on the meta device has no values: the step is counted, nothing is read.
+    watcher = StepWatcher(load_config().run)
+    with watcher:
         with torch.device("meta"):
             layer = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(layer.parameters(), lr=0.1)
         layer(torch.randn(2, 4, device="meta")).sum().backward()
         opt.step()
+    assert watcher.finding() is None
+    assert watcher.state.step == 1
+    assert watcher.history().steps == [1] and watcher.history().loss == [None]
 
 
 FLAKY = """\

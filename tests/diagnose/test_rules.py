@@ -10,17 +10,23 @@ import torch
 import torch.nn.functional as F
 
 from helpers import detect
-from nandoctor.diagnose import diagnose
-from nandoctor.report.model import RunReport
+from nandoctor.detect.result import Detection, Location, Site, StopReason
+from nandoctor.diagnose import build_report
+from nandoctor.stats import TensorSummary
 
 
 def cause_of(fn, **settings):
     result = detect(fn, **settings)
     assert result.stopped, "expected the detector to stop"
-    d = result.detection
-    report = RunReport(status="nonfinite", exit_code=3, script="t.py", step=result.detector.step,
-                       event=d.event, root=d.root, lineage=d.lineage, history=result.detector.history_report())
-    return diagnose(report)
+    detector = result.detector
+    report = build_report("t.py", exit_code=3, detection=result.detection, step=detector.state.step_or_none,
+                          history=detector.history())
+    return report.cause
+
+
+def cause_of_root(root: Site):
+    """The cause of a detection whose root is also its event (a site built by hand)."""
+    return build_report("t.py", exit_code=3, detection=Detection(StopReason.OP_MADE_NAN, root, root, [root])).cause
 
 
 def stays_clean(fn, **settings) -> bool:
@@ -206,14 +212,11 @@ def test_a_nan_built_from_a_python_number_is_input_data():
 
 
 def test_unknown_lists_what_was_checked():
-    from nandoctor.report.model import Location, OpSite
-    from nandoctor.stats import TensorSummary
-
     finite = TensorSummary("self", (2,), "float32", 0.5, 2.0, 0, 0, 0, 0, 0, 2)
     out = TensorSummary("output", (2,), "float32", None, None, 2, 0, 0, 0, 0, 2)
-    root = OpSite("aten.special_op.default", "forward", Location("t.py", 3, "<module>", "y = f(x)"),
-                  output=out, inputs=[finite])
-    cause = diagnose(RunReport(status="nonfinite", exit_code=3, script="t.py", event=root, root=root, lineage=[root]))
+    root = Site("aten.special_op.default", "forward", Location("t.py", 3, "<module>", "y = f(x)"),
+                output=out, inputs=[finite])
+    cause = cause_of_root(root)
     assert cause.id == "unknown"
     assert "aten.special_op.default" in cause.explanation and "self: zeros=0" in cause.explanation
 
@@ -224,25 +227,27 @@ class TestBackwardRulesTorchNowMasks:
     rules are checked on the evidence such a run produces."""
 
     @staticmethod
-    def backward_root(node: str, code: str) -> RunReport:
-        from nandoctor.report.model import Location, OpSite
-        from nandoctor.stats import TensorSummary
-
+    def backward_root(node: str | None, code: str, op: str = "aten.div.Tensor") -> Site:
         out = TensorSummary("output", (4,), "float32", 0.0, 0.0, 2, 0, 0, 2, 0, 4)
-        root = OpSite("aten.div.Tensor", "backward", Location("train.py", 7, "<module>", code),
-                      backward_node=node, output=out)
-        return RunReport(status="nonfinite", exit_code=3, script="train.py", event=root, root=root, lineage=[root])
+        return Site(op, "backward" if node else "forward", Location("train.py", 7, "<module>", code),
+                    backward_node=node, output=out)
 
     def test_atan2_backward_at_the_origin(self):
-        cause = diagnose(self.backward_root("Atan2Backward0", "heading = torch.atan2(v[:, 1], v[:, 0])"))
+        cause = cause_of_root(self.backward_root("Atan2Backward0", "heading = torch.atan2(v[:, 1], v[:, 0])"))
         assert cause.id == "atan2_zero_backward" and "train.py:7" in cause.explanation
 
     def test_norm_backward_of_a_zero_vector(self):
-        cause = diagnose(self.backward_root("LinalgVectorNormBackward0", "n = torch.linalg.vector_norm(d, dim=1)"))
+        cause = cause_of_root(self.backward_root("LinalgVectorNormBackward0", "n = torch.linalg.vector_norm(d, dim=1)"))
         assert cause.id == "norm_zero_backward" and "F.normalize" in cause.fix
 
+    def test_the_norm_rule_is_keyed_on_every_norm_node_torch_builds(self):
+        # x.norm(), torch.norm(x, dim=0), vector_norm and the Frobenius norm all build this node.
+        x = torch.rand(3, requires_grad=True)
+        nodes = {type(f(x).grad_fn).__name__ for f in (torch.norm, torch.linalg.vector_norm,
+                                                       lambda t: torch.norm(t.view(1, 3), p="fro"))}
+        assert nodes == {"LinalgVectorNormBackward0"}
+        assert cause_of_root(self.backward_root(nodes.pop(), "n = x.norm()")).id == "norm_zero_backward"
+
     def test_near_miss_a_forward_atan2_root_is_not_a_backward_cause(self):
-        report = self.backward_root("Atan2Backward0", "x")
-        report.root.backward_node = None
-        report.root.op = "aten.atan2.default"
-        assert diagnose(report).id != "atan2_zero_backward"
+        cause = cause_of_root(self.backward_root(None, "x", op="aten.atan2.default"))
+        assert cause.id != "atan2_zero_backward"

@@ -27,11 +27,10 @@ def nonfinite_report() -> RunReport:
     event = OpSite(
         op="aten.mul.Tensor", phase="forward",
         location=Location("train.py", 14, "forward", "loss = y * w"), output=summary("output", nan=4),
-        reason="the loss is non-finite",
     )
     return RunReport(
         status="nonfinite", exit_code=3, script="train.py", step=7, event=event, root=root,
-        lineage=[root, event],
+        lineage=[root, event], reason="the loss is non-finite",
         cause=Cause("log_nonpositive", "log of a non-positive value",
                     "torch.log got -1.0; log is NaN below 0.", "Use torch.log(x.clamp_min(1e-8))."),
     )

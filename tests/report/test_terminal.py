@@ -29,10 +29,10 @@ def nonfinite_report(tmp_path) -> RunReport:
     root = OpSite("aten.log.default", "forward", location, module="head",
                   output=TensorSummary("output", (4,), "float32", -2.0, 0.0, 0, 0, 1, 0, 1, 4),
                   inputs=[summary("self", zeros=1, lo=0.0, hi=0.9)])
-    event = OpSite("aten.mul.Tensor", "forward", location, output=summary("output", nan=1), reason="NaN")
+    event = OpSite("aten.mul.Tensor", "forward", location, output=summary("output", nan=1))
     return RunReport(
         status="nonfinite", exit_code=3, script="train.py", step=7, event=event, root=root,
-        lineage=[root, event],
+        lineage=[root, event], reason="NaN",
         cause=Cause("log_nonpositive", "log of a non-positive value", "1 of 4 inputs are 0.", "Use F.log_softmax."),
         history=History([1, 2, 3], [1.0, 10.0, 100.0], [0.5, 5.0, float("inf")]),
     )

@@ -6,6 +6,7 @@ that was already non-finite, or an update the optimizer made from finite gradien
 """
 from __future__ import annotations
 
+from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence, count_of
 from nandoctor.diagnose.registry import context_rule
 from nandoctor.report.model import Cause
@@ -13,14 +14,14 @@ from nandoctor.report.model import Cause
 
 @context_rule
 def optimizer_invalid(ev: Evidence) -> Cause | None:
-    if ev.root.phase != "optimizer" and not ev.fact("written_by_optimizer"):
+    if ev.root.phase != "optimizer" and not ev.facts.written_by_optimizer:
         return None
     return Cause(
         "optimizer_invalid",
         "the optimizer made a non-finite update from finite gradients",
         (f"Inside `optimizer.step()` (called at {ev.where}), `{ev.op}` turned finite gradients and state into "
          f"{_bad(ev.output)}: {_bad_inputs(ev) or 'its inputs were finite'}. " if ev.root.phase == "optimizer" else
-         f"Parameter `{ev.fact('parameter')}` became non-finite in an optimizer step although its gradients were "
+         f"{words.capitalised(words.parameter_phrase(ev.facts.parameter))} became non-finite in an optimizer step although its gradients were "
          f"finite; it was first used at {ev.where} ({ev.code}). ") + "An optimizer setting is invalid, "
         "e.g. Adam/RMSprop with eps=0 divides by sqrt(v)=0 where a gradient is 0.",
         "Check the optimizer's hyper-parameters: eps > 0 (1e-8; 1e-6 or more under float16), a finite, positive lr, "
@@ -30,7 +31,7 @@ def optimizer_invalid(ev: Evidence) -> Cause | None:
 
 @context_rule
 def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
-    node = ev.fact("gradient_leak_through")
+    node = ev.facts.gradient_leak_through
     if not node:
         return None
     out = ev.output
@@ -50,17 +51,16 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
 
 @context_rule
 def nonfinite_parameter(ev: Evidence) -> Cause | None:
-    name = ev.fact("parameter")
-    loaded = ev.fact("writes_parameter") and ev.fact("untracked_input")
-    if not (ev.fact("parameter_before_step") and ev.root.op == "") and not loaded:
+    loaded = ev.facts.loads_parameter and ev.facts.untracked_input
+    if not (ev.facts.parameter_before_step and ev.root.op == "") and not loaded:
         return None
-    what = f"parameter `{name}`" if name else f"a parameter of shape {ev.fact('writes_parameter')}" if loaded else "a parameter"
+    what = words.parameter_phrase(ev.facts.parameter)
     src = (f"It was loaded at {ev.where} ({ev.code})" if loaded else
            f"It was last written at {ev.where} ({ev.code})" if ev.root.location else "No op nandoctor saw made it")
     return Cause(
         "nonfinite_parameter",
         "a parameter was already non-finite",
-        f"{what} holds {_bad(ev.output)} before training on it. {src}: typically a checkpoint saved after a "
+        f"{words.capitalised(what)} holds {_bad(ev.output)} before training on it. {src}: typically a checkpoint saved after a "
         "NaN, or a hand-made initialisation.",
         "Load a checkpoint from before the failure and validate it (`all(torch.isfinite(t).all() for t in "
         "state_dict.values())`); save checkpoints only after a finite loss.",
@@ -69,12 +69,13 @@ def nonfinite_parameter(ev: Evidence) -> Cause | None:
 
 @context_rule
 def nonfinite_input_data(ev: Evidence) -> Cause | None:
-    if ev.root.phase == "data" and ev.root.op == "":
-        batch, key = ev.fact("batch"), ev.fact("key")
-        rows, indices = ev.fact("rows") or [], ev.fact("dataset_indices")
+    batch = ev.facts.batch
+    if ev.root.phase == "data" and ev.root.op == "" and batch is not None:
         out = ev.output
-        where = f"batch {batch}" + (f", {key}" if key and key != "batch" else "")
-        samples = f"; dataset indices {indices}" if indices else (f"; rows {rows} of the batch" if rows else "")
+        where = f"batch {batch.number}" + (f", {batch.key}" if batch.key != "batch" else "")
+        indices, rows = batch.dataset_indices, batch.rows
+        samples = (f"; dataset indices {list(indices)}" if indices else
+                   f"; rows {list(rows)} of the batch" if rows else "")
         return Cause(
             "nonfinite_input_data",
             "a batch arrived from the DataLoader already non-finite",
@@ -83,7 +84,7 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
             "Find and fix the samples: `nandoctor check-data <your data folder>` scans the files; in the Dataset, "
             "guard normalisations (`x / x.max()` of an all-zero sample) and drop or repair bad records.",
         )
-    if ev.fact("untracked_input") and ev.root.phase in ("forward", "init") and not ev.fact("parameter"):
+    if ev.facts.untracked_input and ev.root.phase in ("forward", "init") and ev.facts.parameter is None:
         return Cause(
             "nonfinite_input_data",
             "an input was already non-finite when it reached torch",

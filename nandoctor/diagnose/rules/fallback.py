@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import FLOAT_MAX, Evidence, fmt
 from nandoctor.diagnose.registry import fallback_rule
 from nandoctor.report.model import Cause
@@ -61,9 +62,9 @@ def exploding_gradient(ev: Evidence) -> Cause | None:
 
 @fallback_rule
 def inf_arithmetic(ev: Evidence) -> Cause | None:
-    if ev.inputs_finite() and not ev.fact("inf_from"):
+    born = words.inf_source(ev.facts)
+    if ev.inputs_finite() and not born:
         return None
-    born = ev.fact("inf_from")
     return Cause(
         "inf_arithmetic",
         "arithmetic on values that were already infinite",

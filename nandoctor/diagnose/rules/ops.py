@@ -6,21 +6,26 @@ line whose backward failed).
 """
 from __future__ import annotations
 
+from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import EXP_LIMIT, Evidence, count_of, fmt
 from nandoctor.diagnose.registry import op_rule
 from nandoctor.report.model import Cause
 
 
 def _producer(ev: Evidence, name: str) -> str | None:
-    return (ev.fact("input_producers") or {}).get(name)
+    return ev.facts.input_producers.get(name)
 
 
-@op_rule("log", "log2", "log10", "log1p", "xlogy", "log_")
+@op_rule("log", "log2", "log10", "log1p", "xlogy", "log_",
+         nodes=("LogBackward", "Log2Backward", "Log10Backward", "Log1PBackward", "XlogyBackward"))
 def log_nonpositive(ev: Evidence) -> Cause | None:
     x = ev.input("self", "x", "input") or ev.first_input()
     lower = -1.0 if ev.op == "log1p" else 0.0
     if ev.node:  # the derivative 1/x blew up: x was 0 or so tiny that 1/x overflows
-        small = f"the smallest input to log was {fmt(_smallest_positive(ev))}" if _smallest_positive(ev) is not None else "its inputs were at or near 0"
+        # The backward op is grad / x: its `other` is log's own input.
+        x = ev.input("other") or ev.first_input()
+        small = (f"the smallest input to log was {fmt(x.min)}" if x is not None and x.min is not None
+                 else "its inputs were at or near 0")
         return Cause(
             "log_nonpositive",
             "log of a value at or near zero: its gradient 1/x overflowed",
@@ -57,11 +62,6 @@ def log_nonpositive(ev: Evidence) -> Cause | None:
     )
 
 
-def _smallest_positive(ev: Evidence) -> float | None:
-    x = ev.input("other") or ev.first_input()
-    return x.min if x else None
-
-
 def _out(ev: Evidence) -> str:
     o = ev.output
     if not o:
@@ -70,10 +70,8 @@ def _out(ev: Evidence) -> str:
     return ", ".join(bits) + f" in the output of {o.numel}"
 
 
-@op_rule("div", "divide", "true_divide", "reciprocal", "floor_divide", "remainder", "fmod")
+@op_rule("div", "divide", "true_divide", "reciprocal", "floor_divide", "remainder", "fmod", nodes=("DivBackward",))
 def div_by_zero(ev: Evidence) -> Cause | None:
-    if ev.node and ev.forward_op != "div":
-        return None
     den = ev.input("other", "divisor") or (ev.input("self") if ev.op == "reciprocal" else None)
     num = ev.input("self") if ev.op != "reciprocal" else None
     if den is None or not den.zeros:
@@ -109,8 +107,6 @@ def zero_variance(ev: Evidence) -> Cause:
 def exp_overflow(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
     limit = EXP_LIMIT.get(ev.dtype, 88.72)
-    if ev.node:
-        return None
     if x is None or x.max is None or x.max <= limit * 0.99:
         return None
     return Cause(
@@ -124,7 +120,7 @@ def exp_overflow(ev: Evidence) -> Cause | None:
     )
 
 
-@op_rule("sqrt", "rsqrt", "sqrt_")
+@op_rule("sqrt", "rsqrt", "sqrt_", nodes=("SqrtBackward", "RsqrtBackward"))
 def sqrt_rule(ev: Evidence) -> Cause | None:
     if ev.node:
         return Cause(
@@ -153,7 +149,7 @@ def sqrt_rule(ev: Evidence) -> Cause | None:
     return None
 
 
-@op_rule("pow", "float_power", "pow_")
+@op_rule("pow", "float_power", "pow_", nodes=("PowBackward",))
 def pow_invalid(ev: Evidence) -> Cause | None:
     base = ev.input("self") or ev.first_input()
     exponent = ev.input("exponent")
@@ -175,7 +171,7 @@ def pow_invalid(ev: Evidence) -> Cause | None:
             "a negative number to a non-integer power is NaN.",
             "Use `x.abs() ** p * x.sign()` if a signed power is meant, or clamp the base: `x.clamp_min(0) ** p`.",
         )
-    scalar = ev.fact("exponent")
+    scalar = ev.facts.exponent
     negative = (scalar is not None and scalar < 0) or (exponent is not None and exponent.min is not None and exponent.min < 0)
     if base.zeros and ev.made_inf() and negative:
         return Cause(
@@ -187,7 +183,8 @@ def pow_invalid(ev: Evidence) -> Cause | None:
     return None
 
 
-@op_rule("acos", "asin", "atanh", "acosh", "acos_", "asin_")
+@op_rule("acos", "asin", "atanh", "acosh", "acos_", "asin_",
+         nodes=("AcosBackward", "AsinBackward", "AtanhBackward", "AcoshBackward"))
 def domain_asin_acos(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
     if ev.node:
@@ -214,10 +211,8 @@ def domain_asin_acos(ev: Evidence) -> Cause | None:
     )
 
 
-@op_rule("atan2", "atan2_")
+@op_rule(nodes=("Atan2Backward",))
 def atan2_zero_backward(ev: Evidence) -> Cause | None:
-    if not ev.node:
-        return None
     return Cause(
         "atan2_zero_backward",
         "atan2(0, 0): gradient undefined at the origin",
@@ -227,10 +222,8 @@ def atan2_zero_backward(ev: Evidence) -> Cause | None:
     )
 
 
-@op_rule("norm", "linalgvectornorm", "linalg_vector_norm", "normbackward", "frobenius_norm", "_norm")
+@op_rule(nodes=("NormBackward", "LinalgVectorNormBackward"))
 def norm_zero_backward(ev: Evidence) -> Cause | None:
-    if not ev.node:
-        return None
     return Cause(
         "norm_zero_backward",
         "norm of a zero vector: gradient x/||x|| is 0/0",
@@ -240,15 +233,16 @@ def norm_zero_backward(ev: Evidence) -> Cause | None:
     )
 
 
-@op_rule("_ctc_loss", "ctc_loss", "ctcloss")
+@op_rule("_ctc_loss", "ctc_loss", nodes=("CtcLossBackward",))
 def ctc_infeasible(ev: Evidence) -> Cause | None:
-    impossible = ev.fact("impossible")
-    if impossible is None and not ev.node:
+    ctc = ev.facts.ctc
+    if ctc is None and not ev.node:
         return None
+    impossible = ctc.impossible if ctc is not None else ()
     if impossible:
         items = ", ".join(
-            f"item {i['item']} ({i['input_length']} frames for {i['target_length']} labels"
-            + (f" + {i['repeats']} repeats" if i["repeats"] else "") + ")"
+            f"item {i.item} ({i.input_length} frames for {i.target_length} labels"
+            + (f" + {i.repeats} repeats" if i.repeats else "") + ")"
             for i in impossible[:5]
         )
         detail = f"{len(impossible)} batch item(s) cannot be aligned: {items}."
@@ -267,14 +261,14 @@ def ctc_infeasible(ev: Evidence) -> Cause | None:
 @op_rule("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax")
 def softmax_all_masked(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
-    if ev.node or x is None or not x.neginf or not ev.made_nan():
+    if x is None or not x.neginf or not ev.made_nan():
         return None
     return Cause(
         "inf_arithmetic",
         "softmax over a row that is entirely -inf",
         f"At {ev.where} ({ev.code}) some rows of the softmax input are -inf everywhere (fully masked); "
         f"exp(-inf - (-inf)) is NaN ({_out(ev)})."
-        + (f" The -inf was written at {ev.fact('inf_from')}." if ev.fact("inf_from") else ""),
+        + (f" The -inf was written at {words.inf_source(ev.facts)}." if words.inf_source(ev.facts) else ""),
         "Make sure every row keeps at least one unmasked position, use a large negative finite value "
         "(`torch.finfo(x.dtype).min`) instead of -inf, or `torch.nan_to_num` the fully masked rows.",
     )

@@ -1,7 +1,8 @@
 """Op-specific facts gathered when an op turns out to be the root of a non-finite value.
 
-The detector calls `collect_facts` on the rare path with the op's arguments while they are
-still live; rules read the facts later (e.g. CTC's input and target lengths).
+Collected on the rare path while the op's arguments are still live (CTC's lengths, a
+Python-number exponent); the diagnosis rules read them later from `SiteFacts`. A
+collector returns keyword arguments of `SiteFacts`; registering an op twice is an error.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from nandoctor.detect.ops import base_name
+from nandoctor.detect.result import CtcItem, CtcLengths
 
 _collectors: dict[str, Callable[..., dict[str, Any]]] = {}
 
@@ -27,20 +29,20 @@ def collects(*op_names: str):
     return register
 
 
-def collect_facts(func, args, kwargs) -> dict[str, Any]:
+def collect_op_facts(func, args, kwargs) -> dict[str, Any]:
     collector = _collectors.get(base_name(func))
     if collector is None:
         return {}
     try:
         return collector(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - facts are a bonus; never break detection
-        return {"facts_error": f"{type(exc).__name__}: {exc}"}
+        return {"op_facts_error": f"{type(exc).__name__}: {exc}"}
 
 
-def _lengths(value) -> list[int]:
+def _lengths(value) -> tuple[int, ...]:
     if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.flatten().tolist()]
-    return [int(v) for v in value]
+        return tuple(int(v) for v in value.flatten().tolist())
+    return tuple(int(v) for v in value)
 
 
 @collects("_ctc_loss", "ctc_loss")
@@ -56,8 +58,8 @@ def ctc_facts(log_probs, targets, input_lengths, target_lengths, blank=0, *rest,
         labels = labels.tolist()
         repeats = sum(1 for a, b in zip(labels, labels[1:]) if a == b)
         if t_len < l_len + repeats:
-            impossible.append({"item": i, "input_length": t_len, "target_length": l_len, "repeats": repeats})
-    return {"input_lengths": ins, "target_lengths": outs, "impossible": impossible}
+            impossible.append(CtcItem(i, t_len, l_len, repeats))
+    return {"ctc": CtcLengths(ins, outs, tuple(impossible))}
 
 
 @collects("pow", "pow_", "float_power")

@@ -1,0 +1,147 @@
+"""Checks at the training boundaries: the loss, the gradients, the optimizer's step.
+
+These run where a non-finite value starts to matter, with nandoctor's own ops unchecked
+(the detector calls them inside `internal()`). Each finds the record of the bad value (or
+makes a bare one when no checked op made it) and hands it to `stop` with the reason.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Callable
+
+import torch
+
+from nandoctor.detect.mode import all_finite
+from nandoctor.detect.recorder import Recorder
+from nandoctor.detect.records import Record, next_order
+from nandoctor.detect.result import StopReason
+from nandoctor.detect.state import TrainingState
+
+Stop = Callable[..., None]  # stop(record, reason, needs_replay=False): raises NonFiniteFound
+
+
+class BoundaryChecks:
+    def __init__(self, state: TrainingState, recorder: Recorder, stop: Stop) -> None:
+        self.state = state
+        self.recorder = recorder
+        self.stop = stop
+        self._optimizers_checked: "weakref.WeakSet" = weakref.WeakSet()
+
+    # -- backward ----------------------------------------------------------------------
+
+    def loss(self, tensors) -> int:
+        """The loss reaches backward(): a non-finite loss stops the run here. Returns a mark:
+        any non-finite value made in backward after it is a reason to look at the gradients."""
+        for t in tensors:
+            if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()) or t.is_meta:
+                continue
+            if t.numel() == 1:  # the usual scalar loss: one read gives the value and the check
+                value = float(t.detach().item())
+                self.state.note_loss(value)
+                finite = math.isfinite(value)
+            else:
+                finite = all_finite(t)
+            if not finite:
+                self.stop(self.recorder.existing_or_bare(t, "loss", "forward"), StopReason.LOSS)
+        return next_order()
+
+    def gradients_after_backward(self, roots, mark: int) -> None:
+        """A leaf's gradient still non-finite after backward() stops the run. Only walked when
+        this backward made a non-finite value somewhere (rare): most are masked inside
+        autograd formulas and never reach a gradient."""
+        if self.recorder.last_backward_order >= mark:
+            for leaf in _leaves(roots):
+                grad = leaf.grad
+                if grad is not None and grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
+                    record = self.recorder.existing_or_bare(grad, "", "backward")
+                    self._name_parameter(record, leaf)
+                    self.stop(record, StopReason.GRADIENT_AFTER_BACKWARD)
+        self.recorder.sites.new_generation()
+        self.recorder.new_generation()
+
+    def returned_gradients(self, outputs) -> None:
+        """torch.autograd.grad returned: its results are gradients the script holds."""
+        for g in outputs or ():
+            if isinstance(g, torch.Tensor) and not all_finite(g):
+                self.stop(self.recorder.existing_or_bare(g, "", "backward"), StopReason.GRADIENT_RETURNED)
+        self.recorder.sites.new_generation()
+
+    # -- the optimizer step ------------------------------------------------------------
+
+    def before_step(self, optimizer) -> None:
+        """The gradients the step will apply, and (once per optimizer) the parameters."""
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None and not p.grad.is_meta]
+        if grads:
+            total = global_norm(grads)
+            self.state.pending_grad_norm = total
+            if not math.isfinite(total):
+                self._stop_on_bad_gradient(optimizer)
+        if optimizer not in self._optimizers_checked:
+            # Once per optimizer: parameters that were non-finite before training (every
+            # later change to them is an op the detector checks, or this step's own check).
+            self._optimizers_checked.add(optimizer)
+            self._check_parameters(optimizer)
+
+    def after_step(self, optimizer) -> None:
+        """One reduction over the parameters the step may have changed. A non-finite one
+        stops the run; a seeded replay that checks each op of the step then finds the op."""
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.is_floating_point() and not p.is_meta]
+        if not params or math.isfinite(global_norm(params)):
+            return
+        for p in params:
+            if not bool(torch.isfinite(p).all()):
+                record = self.recorder.bare("", p, "optimizer")
+                record.facts.parameter = self.recorder.parameter_ref(p, optimizer)
+                record.facts.optimizer = type(optimizer).__name__
+                self.stop(record, StopReason.UPDATE, needs_replay=True)
+
+    def _check_parameters(self, optimizer) -> None:
+        for p in _parameters(optimizer):
+            if p.is_floating_point() and not p.is_meta and not bool(torch.isfinite(p).all()):
+                record = self.recorder.existing_or_bare(p, "", "init" if not self.state.step else "optimizer")
+                record.facts.parameter = record.facts.parameter or self.recorder.parameter_ref(p, optimizer)
+                record.facts.parameter_before_step = True
+                self.stop(record, StopReason.PARAMETER_BEFORE_STEP)
+
+    def _stop_on_bad_gradient(self, optimizer) -> None:
+        for p in _parameters(optimizer):
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                record = self.recorder.existing_or_bare(p.grad, "", "backward")
+                record.facts.parameter = record.facts.parameter or self.recorder.parameter_ref(p, optimizer)
+                self.stop(record, StopReason.GRADIENT_BEFORE_STEP)
+
+    def _name_parameter(self, record: Record, leaf: torch.Tensor) -> None:
+        if record.facts.parameter is None and self.recorder.modules.parameter_name(leaf) is not None:
+            record.facts.parameter = self.recorder.parameter_ref(leaf)
+
+
+def global_norm(tensors: list[torch.Tensor]) -> float:
+    """The 2-norm over all `tensors`: non-finite iff some element is. One reduction per
+    tensor in their own dtype; only if that overflows is it recomputed in float64, so a
+    finite float32 gradient never reads as Inf."""
+    total = float(torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(tensors)])).item())
+    if not math.isfinite(total):
+        total = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))).item())
+    return total
+
+
+def _parameters(optimizer):
+    for group in optimizer.param_groups:
+        yield from group["params"]
+
+
+def _leaves(roots):
+    """The leaf tensors (parameters, inputs with requires_grad) reachable from `roots`."""
+    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            yield variable
+        stack.extend(fn for fn, _ in node.next_functions)

@@ -1,0 +1,53 @@
+"""From the record where the run stopped back to its root: the `Detection`.
+
+The root is the earliest non-finite ancestor: follow each record's non-finite inputs
+(parents), skipping values written on purpose (a `-inf` mask), to a record whose inputs
+were all finite. A backward root whose own forward op already made an Inf (divide first,
+mask afterwards) goes one step further back, to that forward op.
+"""
+from __future__ import annotations
+
+import copy
+
+from nandoctor.detect.provenance import SourceLocator
+from nandoctor.detect.records import Record
+from nandoctor.detect.result import Detection, Site, StopReason
+
+
+def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record], locator: SourceLocator,
+            needs_replay: bool = False, flagged_infs: list[Record] = ()) -> Detection:
+    chain = _ancestry(event, forward_by_node)
+    root = chain[-1]
+    intended = next((p for p in root.parents if p.intended), None)
+    if intended is not None:
+        # The root consumed an Inf written on purpose (a -inf mask): say where it was.
+        root.facts.inf_written_at = locator.location(intended.where)
+        root.facts.inf_written_by = None if root.facts.inf_written_at else intended.op
+    chain.reverse()
+    sites = [site_of(r, locator) for r in chain]
+    needs_replay = needs_replay or root.facts.written_by_optimizer or root.facts.device_flag is not None
+    return Detection(reason=reason, event=sites[-1], root=sites[0], lineage=sites, needs_replay=needs_replay,
+                     flagged_infs=[site_of(r, locator) for r in flagged_infs])
+
+
+def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]:
+    """The event first, then each earliest non-finite parent, down to the root."""
+    chain = [event]
+    while True:
+        parents = [p for p in chain[-1].parents if not p.intended and p not in chain]
+        if not parents:
+            break
+        chain.append(min(parents, key=lambda r: r.order))
+    root = chain[-1]
+    if root.phase == "backward" and root.node_seq is not None:
+        forward = forward_by_node.get(root.node_seq)
+        if forward is not None:
+            forward.facts.gradient_leak_through = root.backward_node
+            chain.append(forward)
+    return chain
+
+
+def site_of(r: Record, locator: SourceLocator) -> Site:
+    return Site(op=r.op, phase=r.phase, location=locator.location(r.where), module=r.module,
+                backward_node=r.backward_node, output=r.output, inputs=list(r.inputs), step=r.step,
+                facts=copy.copy(r.facts))

@@ -1,0 +1,93 @@
+"""The observer protocol: what watches a running script, and what the training hooks call.
+
+An observer is a context manager around the script. `TrainingHooks` (hooks.py) calls it
+at the points where training shows itself; each method's default does nothing, so an
+observer implements only the boundaries it checks. When it finds a non-finite value it
+raises `NonFiniteFound` into the script and keeps what it found for `finding()`.
+
+Implemented by `Detector` (trace mode: every op, see detector.py) and `StepWatcher` (watch
+mode: step boundaries only, see watch.py); the session picks one per run mode.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from nandoctor.detect.result import Detection, History, WatchFinding
+from nandoctor.detect.state import TrainingState
+
+
+class NonFiniteFound(BaseException):
+    """Raised into the script to stop it at the first non-finite value (a BaseException, so a
+    script's `except Exception` cannot swallow it)."""
+
+
+class StepLimitReached(BaseException):
+    """Raised into the script after `max_steps` optimizer steps (a clean, deliberate stop)."""
+
+
+class Observer:
+    """Base of every observer; see the module docstring."""
+
+    # DataLoader hooks are installed only for observers that check batches.
+    watches_data: bool = False
+    # Set when the observer localised the op itself (the report is built from it); an
+    # observer that only sees boundaries leaves it None and says what it saw in finding().
+    detection: Detection | None = None
+
+    def __init__(self, run_settings) -> None:
+        self.state = TrainingState(int(run_settings.get("history", 64)))
+        self.max_steps = int(run_settings.get("max_steps", 0) or 0)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def __enter__(self) -> "Observer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def finish(self) -> None:
+        """The script ended without a stop: check whatever is still pending."""
+
+    # -- the boundaries (called by TrainingHooks) ------------------------------------------
+
+    def before_backward(self, roots: list) -> int:
+        """The loss reaches backward() / autograd.grad; returns a mark for after_*."""
+        return 0
+
+    def after_backward(self, roots: list, mark: int) -> None:
+        """backward() returned: the leaves' .grad are what the script keeps."""
+
+    def after_grad(self, outputs: Any, mark: int) -> None:
+        """torch.autograd.grad returned `outputs`."""
+
+    def optimizer_created(self, optimizer) -> None:
+        self.state.optimizer_created()
+
+    def before_optimizer_step(self, optimizer) -> None:
+        """optimizer.step() is about to apply the gradients."""
+
+    def after_optimizer_step(self, optimizer) -> None:
+        """optimizer.step() returned: one more step completed."""
+        self.state.step_finished()
+        if self.max_steps and self.state.step >= self.max_steps:
+            raise StepLimitReached()
+
+    def data_started(self) -> None:
+        """A DataLoader starts producing a batch (only when `watches_data`)."""
+
+    def data_finished(self) -> None:
+        """...and is done (also when it raised)."""
+
+    def check_batch(self, batch, batch_number: int, indices, dataset=None) -> None:
+        """A batch came out of a DataLoader (only when `watches_data`)."""
+
+    # -- what it found ------------------------------------------------------------------
+
+    def finding(self) -> Detection | WatchFinding | None:
+        """What made the observer stop the run (for the run mode to conclude from); None
+        when it did not stop it."""
+        return self.detection
+
+    def history(self) -> History:
+        return self.state.history.as_report()

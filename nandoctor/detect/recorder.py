@@ -1,0 +1,180 @@
+"""Records of non-finite values, written on the rare path only.
+
+When an op's output is non-finite (or a boundary finds a value non-finite), the recorder
+writes down what a report will need while the tensors are still live: the op, phase,
+user frame, module, exact summaries of its inputs and output, the records of its
+non-finite inputs (its parents, for the lineage) and typed facts (which parameter, the
+op's own facts). Nothing here decides whether to stop; see `policy.py`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nandoctor.detect.op_facts import collect_op_facts
+from nandoctor.detect.ops import is_inplace, op_name
+from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
+from nandoctor.detect.records import Record, RecordTable, storage_key
+from nandoctor.detect.result import ParameterRef, SiteFacts
+from nandoctor.detect.state import TrainingState
+from nandoctor.stats import summarize
+
+OVERWRITTEN_SUFFIX = " (after: overwritten in place)"
+
+
+class Recorder:
+    def __init__(self, state: TrainingState, locator: SourceLocator, modules: ModuleTracker,
+                 sites: NodeSites, records: RecordTable) -> None:
+        self.state = state
+        self.locator = locator
+        self.modules = modules
+        self.sites = sites
+        self.records = records
+        # Forward records by the autograd node their op created: a backward root whose own
+        # forward op already made an Inf has that op as its earlier ancestor.
+        self.forward_by_node: dict[int, Record] = {}
+        self.last_backward_order = -1  # order of the latest non-finite value made in backward
+
+    def op(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool) -> Record:
+        """The record of an op whose output `out` is non-finite."""
+        tensors = list(_named_tensor_args(func, args, kwargs))
+        parents, facts = self._parents(func, tensors, out)
+        origin = not any(not p.intended for p in parents)
+        overwritten = _overwritten_name(func, tensors, out)
+        inputs = ([summarize(t, name + OVERWRITTEN_SUFFIX if name == overwritten else name) for name, t in tensors]
+                  if origin else [])
+        if origin:
+            _add_origin_facts(facts, func, args, kwargs, tensors)
+            if facts.loads_parameter:
+                facts.parameter = self.parameter_ref(args[0])
+        if node is not None:
+            seq = node._sequence_nr()
+            where, module = self.sites.get(seq) or (None, None)
+            node_name = type(node).__name__
+        else:
+            seq, where, module, node_name = created_seq, self.locator.user_frame(3), self.modules.current, None
+        output = summarize(out, "output")
+        record = Record(
+            op=op_name(func), phase=self.state.phase(node, args, self.modules.current), where=where, module=module,
+            backward_node=node_name, node_seq=seq, step=self.state.step_or_none, output=output, inputs=inputs,
+            parents=parents, has_nan=output.nan > 0, intended=intended, facts=facts,
+        )
+        if record.phase == "backward":
+            self.last_backward_order = record.order
+        elif record.phase == "forward" and created_seq is not None and not intended:
+            self.forward_by_node[created_seq] = record
+        return record
+
+    def _parents(self, func, tensors, out) -> tuple[list[Record], SiteFacts]:
+        """The records of the non-finite inputs; an input non-finite with no record came
+        from outside the checked ops (data, a parameter changed inside optimizer.step())."""
+        parents: list[Record] = []
+        facts = SiteFacts()
+        overwritten = _overwritten_name(func, tensors, out)
+        for name, t in tensors:
+            if name == overwritten:
+                # Its values before the op are gone: only a record says it was bad before.
+                parent = self.records.get(t)
+                parents += [parent] if parent is not None else []
+            elif t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                parent = self.records.get(t)
+                if parent is not None:
+                    parents.append(parent)
+                    continue
+                facts.untracked_input = True
+                if facts.parameter is None:
+                    facts.parameter = self._parameter_of(t)
+        if facts.parameter is not None and self.state.step > 0:
+            # Parameters change outside the checked ops only inside optimizer.step(), which
+            # is checked at its boundary: a seeded replay that checks each of its ops tells
+            # which one made the value.
+            facts.written_by_optimizer = True
+        return parents, facts
+
+    def bare(self, op: str, t: torch.Tensor, phase: str) -> Record:
+        """A record for a non-finite value no op of which was seen being made."""
+        return Record(
+            op=op, phase=phase, where=self.locator.user_frame(2), module=self.modules.current,
+            backward_node=None, node_seq=None, step=self.state.step_or_none,
+            output=summarize(t, "value"), inputs=[], parents=[],
+            has_nan=bool(torch.isnan(t).any()), facts=SiteFacts(untracked_input=True),
+        )
+
+    def existing_or_bare(self, t: torch.Tensor, op: str, phase: str) -> Record:
+        return self.records.get(t) or self.bare(op, t, phase)
+
+    def carry(self, args, out) -> None:
+        """A view/copy/index of a recorded non-finite tensor carries its record along."""
+        source = next((self.records.get(a) for a in args if isinstance(a, torch.Tensor)), None)
+        if source is None:
+            return
+        for item in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
+            if isinstance(item, torch.Tensor):
+                self.records.put(item, source)
+
+    def parameter_ref(self, p: torch.Tensor, optimizer=None) -> ParameterRef:
+        """`p` by name when known, else by its place in `optimizer.param_groups`."""
+        group = index = None
+        if optimizer is not None:
+            group, index = _position(optimizer, p)
+        return ParameterRef(self.modules.parameter_name(p), tuple(p.shape), group, index)
+
+    def _parameter_of(self, t: torch.Tensor) -> ParameterRef | None:
+        """The parameter `t` is (or is a view of), if it is one."""
+        for candidate in (t, t._base):
+            if isinstance(candidate, torch.nn.Parameter):
+                return self.parameter_ref(candidate)
+        return None
+
+    def new_generation(self) -> None:
+        """A backward finished: forget forward records of graphs long gone (bounded memory)."""
+        if len(self.forward_by_node) > 1024:
+            for key in sorted(self.forward_by_node)[:-512]:
+                del self.forward_by_node[key]
+        self.records.prune()
+
+
+def _overwritten_name(func, tensors, out) -> str | None:
+    """The argument an in-place op wrote its result into (`self` of `log_`), if any."""
+    if not is_inplace(func):
+        return None
+    key = storage_key(out)
+    return next((name for name, t in tensors if storage_key(t) == key), None)
+
+
+def _add_origin_facts(facts: SiteFacts, func, args, kwargs, tensors) -> None:
+    """Facts about the op that made a non-finite value from finite inputs, for the rules:
+    the op's own (CTC lengths, ...) and which autograd op produced each input."""
+    for key, value in collect_op_facts(func, args, kwargs).items():
+        setattr(facts, key, value)
+    facts.loads_parameter = bool(args) and isinstance(args[0], torch.nn.Parameter) and \
+        func._schema.name.endswith("copy_")
+    facts.input_producers = {name: type(t.grad_fn).__name__ for name, t in tensors if t.grad_fn is not None}
+
+
+def _position(optimizer, p) -> tuple[int | None, int | None]:
+    for gi, group in enumerate(optimizer.param_groups):
+        for pi, q in enumerate(group["params"]):
+            if q is p:
+                return gi, pi
+    return None, None
+
+
+def _named_tensor_args(func, args, kwargs):
+    """(ATen argument name, tensor) for each tensor input, lists included (`tensors[1]`)."""
+    names = [a.name for a in func._schema.arguments]
+    for i, value in enumerate(args):
+        name = names[i] if i < len(names) else f"arg{i}"
+        yield from _tensors_named(name, value)
+    for name, value in kwargs.items():
+        yield from _tensors_named(name, value)
+
+
+def _tensors_named(name: str, value: Any):
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for j, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                yield f"{name}[{j}]", item

@@ -1,0 +1,261 @@
+"""What detection hands to everything after it: typed data, no sentences.
+
+A `Detection` says why the run was stopped (`StopReason`), the site where it stopped (the
+event), the earliest non-finite ancestor of that site (the root) and the lineage between
+them, and whether only a seeded replay can fill in the op's values. Each `Site` carries
+`SiteFacts`: typed things detection learnt (which parameter, whether the optimizer wrote
+it, which batch and samples, where an intended Inf was written, op-specific facts such as
+CTC lengths). Diagnosis turns these into a cause and words; renderers show them.
+
+Nothing here imports torch: the report model and the renderers build on these types.
+`to_dict`/`from_dict` give the JSON of a site (`shared/CONTRACT.md`, plus added fields).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from nandoctor.stats import TensorSummary
+
+@dataclass(frozen=True)
+class Location:
+    """The source line a user should look at."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function, "code": self.code}
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Location | None":
+        return cls(data["file"], data["line"], data["function"], data["code"]) if data else None
+
+
+class StopReason(enum.Enum):
+    """Why detection stopped the run (diagnosis words each one)."""
+
+    OP_MADE_NAN = "op_made_nan"  # an op outside backward made a NaN
+    OP_MADE_INF = "op_made_inf"  # an Inf that policy stops on (its dtype, or inside the optimizer)
+    LOSS = "loss"  # the loss reaching backward() is non-finite
+    GRADIENT_AFTER_BACKWARD = "gradient_after_backward"  # a leaf's .grad after backward()
+    GRADIENT_RETURNED = "gradient_returned"  # a result of torch.autograd.grad
+    GRADIENT_BEFORE_STEP = "gradient_before_step"  # a .grad the optimizer is about to use
+    PARAMETER_BEFORE_STEP = "parameter_before_step"  # a parameter non-finite before any update
+    UPDATE = "update"  # optimizer.step() made a parameter non-finite
+    BATCH = "batch"  # a DataLoader batch arrived non-finite
+
+
+@dataclass(frozen=True)
+class ParameterRef:
+    """A parameter or buffer: by name when the module that owns it ran or loaded a state
+    dict, else by its place in the optimizer's `param_groups` or only by its shape."""
+
+    name: str | None
+    shape: tuple[int, ...]
+    group: int | None = None
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class BatchOrigin:
+    """Where a non-finite batch came from: the batch number, the tensor inside it, its bad
+    rows and the dataset indices of those rows (when the sampler's indices were seen)."""
+
+    number: int
+    key: str
+    rows: tuple[int, ...] = ()
+    dataset_indices: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class CtcItem:
+    item: int
+    input_length: int
+    target_length: int
+    repeats: int
+
+
+@dataclass(frozen=True)
+class CtcLengths:
+    """CTC's lengths per batch item, and the items that cannot be aligned at all."""
+
+    input_lengths: tuple[int, ...]
+    target_lengths: tuple[int, ...]
+    impossible: tuple[CtcItem, ...]
+
+
+DeviceFlag = Literal["nan", "inf"]
+
+
+@dataclass
+class SiteFacts:
+    """What detection learnt about one site beyond its op, inputs and output."""
+
+    parameter: ParameterRef | None = None  # the op wrote / the value is this parameter
+    loads_parameter: bool = False  # a copy_ into a Parameter (load_state_dict)
+    parameter_before_step: bool = False  # seen non-finite before the optimizer's first update of it
+    written_by_optimizer: bool = False  # changed by optimizer.step(), outside the checked ops
+    optimizer: str | None = None  # the optimizer's class
+    untracked_input: bool = False  # an input was non-finite and no op nandoctor saw made it
+    inf_written_at: Location | None = None  # where the intended Inf this op consumed was written
+    inf_written_by: str | None = None  # ...the op that wrote it, when it has no user line
+    batch: BatchOrigin | None = None
+    device_flag: DeviceFlag | None = None  # seen by a device-side flag: values not kept
+    gradient_leak_through: str | None = None  # the backward node that turned this op's Inf into NaN
+    input_producers: dict[str, str] = field(default_factory=dict)  # input name -> autograd node
+    ctc: CtcLengths | None = None
+    exponent: float | None = None  # a Python-number exponent of pow
+    op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
+    loss: float | None = None  # watch mode: the loss seen at the boundary
+    grad_norm: float | None = None  # watch mode: the gradient norm seen at the boundary
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON keys; only what is set (the keys are stable across releases)."""
+        out: dict[str, Any] = {}
+        p = self.parameter
+        if p is not None:
+            out["parameter"] = p.name
+            out["parameter_shape"] = list(p.shape)
+            if p.group is not None:
+                out["parameter_position"] = [p.group, p.index]
+        for key in ("loads_parameter", "parameter_before_step", "written_by_optimizer", "untracked_input"):
+            if getattr(self, key):
+                out[key] = True
+        for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
+                    "op_facts_error", "loss", "grad_norm"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.inf_written_at is not None:
+            out["inf_written_at"] = self.inf_written_at.to_dict()
+        if self.batch is not None:
+            b = self.batch
+            out.update(batch=b.number, key=b.key, rows=list(b.rows))
+            if b.dataset_indices is not None:
+                out["dataset_indices"] = list(b.dataset_indices)
+        if self.input_producers:
+            out["input_producers"] = dict(self.input_producers)
+        if self.ctc is not None:
+            out.update(input_lengths=list(self.ctc.input_lengths), target_lengths=list(self.ctc.target_lengths),
+                       impossible=[vars(i).copy() for i in self.ctc.impossible])
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "SiteFacts":
+        data = data or {}
+        facts = cls(**{f.name: data[f.name] for f in fields(cls)
+                       if f.name in data and f.name not in ("parameter", "batch", "ctc", "inf_written_at")})
+        if "parameter_shape" in data:
+            group, index = data.get("parameter_position") or (None, None)
+            facts.parameter = ParameterRef(data.get("parameter"), tuple(data["parameter_shape"]), group, index)
+        if "batch" in data:
+            indices = data.get("dataset_indices")
+            facts.batch = BatchOrigin(data["batch"], data.get("key", "batch"), tuple(data.get("rows") or ()),
+                                      tuple(indices) if indices is not None else None)
+        if "input_lengths" in data:
+            facts.ctc = CtcLengths(tuple(data["input_lengths"]), tuple(data["target_lengths"]),
+                                   tuple(CtcItem(**i) for i in data.get("impossible") or ()))
+        facts.inf_written_at = Location.from_dict(data.get("inf_written_at"))
+        return facts
+
+
+@dataclass
+class Site:
+    """One op whose output was non-finite (or a value found non-finite at a boundary, with
+    `op` empty): where it ran and what went in and out."""
+
+    op: str
+    phase: str
+    location: Location | None
+    module: str | None = None
+    backward_node: str | None = None
+    output: TensorSummary | None = None
+    inputs: list[TensorSummary] = field(default_factory=list)
+    step: int | None = None
+    facts: SiteFacts = field(default_factory=SiteFacts)
+
+    @property
+    def made(self) -> DeviceFlag | None:
+        """What the site's output held: "nan" if any NaN, else "inf"; None when unknown."""
+        if self.output is None:
+            return self.facts.device_flag
+        return "nan" if self.output.nan else "inf" if self.output.nonfinite else None
+
+    def lineage_entry(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "phase": self.phase,
+            "location": self.location.to_dict() if self.location else None,
+            "backward_node": self.backward_node,
+            "module": self.module,
+            "output": self.output.to_dict() if self.output else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.lineage_entry(), inputs=[s.to_dict() for s in self.inputs], step=self.step,
+                    facts=self.facts.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Site":
+        return cls(
+            op=data["op"], phase=data["phase"], location=Location.from_dict(data.get("location")),
+            module=data.get("module"), backward_node=data.get("backward_node"),
+            output=TensorSummary.from_dict(data["output"]) if data.get("output") else None,
+            inputs=[TensorSummary.from_dict(s) for s in data.get("inputs") or []],
+            step=data.get("step"), facts=SiteFacts.from_dict(data.get("facts")),
+        )
+
+
+@dataclass
+class Detection:
+    """Why the run stopped, where, and the non-finite ancestry back to the root (root first)."""
+
+    reason: StopReason
+    event: Site
+    root: Site
+    lineage: list[Site]
+    # Only a seeded replay that checks every op at once can name the op or its values:
+    # a device flag kept no values, or the optimizer's step was checked only at its end.
+    needs_replay: bool = False
+    # Ops whose device flags saw an Inf this step: the candidates while no replay ran.
+    flagged_infs: list[Site] = field(default_factory=list)
+
+
+@dataclass
+class History:
+    """Per-step loss and global gradient norm, oldest first (None where not seen)."""
+
+    steps: list[int] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+    grad_norm: list[float | None] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "loss": self.loss, "grad_norm": self.grad_norm}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "History":
+        data = data or {}
+
+        def number(v):  # JSON carries non-finite floats as strings
+            return float(v) if isinstance(v, str) else v
+
+        return cls(list(data.get("steps", [])), [number(v) for v in data.get("loss", [])],
+                   [number(v) for v in data.get("grad_norm", [])])
+
+
+@dataclass(frozen=True)
+class WatchFinding:
+    """What watch mode saw: which value went non-finite, at which step, called from where."""
+
+    what: Literal["loss", "gradient"]
+    step: int  # optimizer steps completed
+    location: Location | None  # the backward() / step() call
+    loss: float | None
+    grad_norm: float | None
+    weights_clean: bool | None

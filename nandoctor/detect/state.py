@@ -1,0 +1,85 @@
+"""Where training is: the phase an op runs in, the optimizer step count, the history.
+
+Shared by every observer (trace and watch): the training hooks move it along, the hot path
+asks for the phase only on the rare path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from nandoctor.detect.result import History
+
+
+@dataclass
+class StepHistory:
+    """The last `size` steps' loss and gradient norm (bounded: a long run does not grow it)."""
+
+    size: int
+    steps: list[int] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+    grad_norm: list[float | None] = field(default_factory=list)
+
+    def add(self, step: int, loss: float | None, grad_norm: float | None) -> None:
+        self.steps.append(step)
+        self.loss.append(loss)
+        self.grad_norm.append(grad_norm)
+        if len(self.steps) > self.size:
+            del self.steps[0], self.loss[0], self.grad_norm[0]
+
+    def as_report(self) -> History:
+        return History(list(self.steps), list(self.loss), list(self.grad_norm))
+
+
+class TrainingState:
+    """Step count, phase flags and the loss / gradient norm of the step in progress."""
+
+    def __init__(self, history_size: int) -> None:
+        self.step = 0  # optimizer steps completed
+        self.optimizer_seen = False
+        self.training_started = False
+        self.in_optimizer = False
+        self.data_depth = 0  # > 0 while a DataLoader produces a batch
+        self.history = StepHistory(history_size)
+        self.pending_loss: float | None = None
+        self.pending_grad_norm: float | None = None
+
+    @property
+    def step_or_none(self) -> int | None:
+        """The step count for a report: None while no optimizer exists (no steps to count)."""
+        return self.step if self.optimizer_seen else None
+
+    def phase(self, node, args, module: str | None) -> str:
+        if node is not None:
+            return "backward"
+        if self.in_optimizer:
+            return "optimizer"
+        if self.data_depth:
+            return "data"
+        # Setup (building the model, loading a checkpoint) ends when an optimizer is made,
+        # a batch is drawn, or a backward runs; an op inside a module's forward or one that
+        # builds an autograd graph is a forward pass even before that.
+        if not self.training_started and module is None and not _builds_graph(args):
+            return "init"
+        return "forward"
+
+    def optimizer_created(self) -> None:
+        self.optimizer_seen = True
+        self.training_started = True
+
+    def note_loss(self, value: float) -> None:
+        """The first loss of a step is the one its history keeps."""
+        if self.pending_loss is None:
+            self.pending_loss = value
+
+    def step_finished(self) -> None:
+        self.step += 1
+        self.history.add(self.step, self.pending_loss, self.pending_grad_norm)
+        self.pending_loss = self.pending_grad_norm = None
+
+
+def _builds_graph(args) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)

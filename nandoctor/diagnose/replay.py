@@ -1,0 +1,83 @@
+"""Everything said about a seeded replay: what it looks for, its progress line, its note,
+and the `nonreproducible` cause when the failure did not come back."""
+from __future__ import annotations
+
+from nandoctor.detect.result import Detection, Site, WatchFinding
+from nandoctor.diagnose.evidence import fmt
+from nandoctor.report.model import Cause
+
+_DETERMINISM_FIX = (
+    "Make the run deterministic (`torch.manual_seed`, seeded DataLoader `generator` and `worker_init_fn`, "
+    "`torch.use_deterministic_algorithms(True)`), then run again with `--mode trace`; if it still only "
+    "happens on one machine, test that machine's GPU and memory."
+)
+
+
+def subject(detection: Detection) -> str:
+    """What a trace-mode replay looks for, in the words of its progress line."""
+    root = detection.root
+    if root.facts.device_flag is not None:
+        return f"output of {root.op}"
+    if root.facts.written_by_optimizer or root.phase == "optimizer":
+        return "parameter update"
+    if root.op == "loss":
+        return "loss"
+    return "gradient" if root.phase == "backward" else "value"
+
+
+def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
+    return (f"{mode} mode: the {what} went non-finite at step {step + 1}"
+            + (" (the update was not applied)" if weights_clean else "")
+            + "; re-running the script under --mode trace to find the op...")
+
+
+def reproduced(mode: str, what: str, step: int) -> str:
+    return (f"{mode} mode stopped at step {step + 1} on a non-finite {what}; a seeded replay checking every op "
+            "found the op above.")
+
+
+def watch_stop_reason(finding: WatchFinding) -> str:
+    return f"the {finding.what} is non-finite"
+
+
+def not_localised() -> str:
+    return ("a seeded replay checking every op did not reproduce the failure, so the op inside the step is not "
+            "known; nondeterminism or hardware may be involved.")
+
+
+def flag_only() -> str:
+    return "the op and line come from its device-side flag; its input values were not kept."
+
+
+def replay_failed(last_line: str) -> str:
+    return "the replay failed: " + last_line
+
+
+def nonreproducible_flag(root: Site, step: int | None) -> Cause:
+    """A device flag saw the op make NaN/Inf; the replay did not make it again."""
+    value = "NaN" if root.facts.device_flag == "nan" else "Inf"
+    where = f" at {root.location}" if root.location else ""
+    return _nonreproducible(
+        f"`{root.op}`{where} made {value} at step {(step or 0) + 1}, as read from its device-side flag at the "
+        "step boundary, but re-running the script from the start, with the same random seeds, checking every op "
+        "at once, did not make it again.")
+
+
+def nonreproducible_watch(finding: WatchFinding, replay_ran_clean: bool) -> Cause:
+    """Watch mode saw a non-finite loss or gradient; the replay under trace did not."""
+    how = "ran clean" if replay_ran_clean else "ended without a finding"
+    return _nonreproducible(
+        f"Watch mode saw a non-finite {finding.what} at step {finding.step + 1} (loss {fmt(finding.loss)}, "
+        f"gradient norm {fmt(finding.grad_norm)}), but re-running the script from the start, with the same random "
+        f"seeds, under the per-op detector {how} up to that step.")
+
+
+def _nonreproducible(seen: str) -> Cause:
+    return Cause(
+        "nonreproducible",
+        "a non-finite value that did not come back on replay",
+        seen + " A failure that does not reproduce points at nondeterminism (data order or augmentation not "
+        "seeded, nondeterministic GPU kernels, a race between workers, input the script reads that changed) or "
+        "at hardware (a flaky GPU, memory errors).",
+        _DETERMINISM_FIX,
+    )

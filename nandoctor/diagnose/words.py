@@ -1,0 +1,65 @@
+"""Words for the typed facts detection hands over: why it stopped, which parameter, where
+an intended Inf was written. Used by the rules and by the report's stop reason."""
+from __future__ import annotations
+
+from nandoctor.detect.result import ParameterRef, Site, SiteFacts, StopReason
+
+
+def parameter(ref: ParameterRef | None) -> str:
+    """`encoder.0.weight`, `param_groups[0].params[1] (3,)` or `a parameter of shape (3,)`."""
+    if ref is None:
+        return "a parameter"
+    if ref.name:
+        return ref.name
+    if ref.group is not None:
+        return f"param_groups[{ref.group}].params[{ref.index}] {ref.shape}"
+    return f"a parameter of shape {ref.shape}"
+
+
+def parameter_phrase(ref: ParameterRef | None) -> str:
+    """`parameter `encoder.0.weight`` when it has a name, else the description alone."""
+    return f"parameter `{ref.name}`" if ref is not None and ref.name else parameter(ref)
+
+
+def capitalised(text: str) -> str:
+    """The first letter upper-cased, the rest untouched (names keep their case)."""
+    return text[:1].upper() + text[1:]
+
+
+def inf_source(facts: SiteFacts) -> str | None:
+    """Where the intended Inf an op consumed was written: `model.py:12 (`code`)` or the op."""
+    where = facts.inf_written_at
+    if where is not None:
+        return f"{where} (`{where.code}`)"
+    return facts.inf_written_by
+
+
+def stop_reason(reason: StopReason, event: Site) -> str:
+    """Why the run stopped at the event, in a phrase."""
+    facts = event.facts
+    if reason is StopReason.OP_MADE_NAN:
+        return "NaN"
+    if reason is StopReason.OP_MADE_INF:
+        return "Inf"
+    if reason is StopReason.LOSS:
+        return "the loss is non-finite"
+    if reason is StopReason.GRADIENT_AFTER_BACKWARD:
+        named = facts.parameter is not None and facts.parameter.name
+        return f"the gradient of `{facts.parameter.name}` is non-finite after backward()" if named else \
+            "a gradient is non-finite after backward()"
+    if reason is StopReason.GRADIENT_RETURNED:
+        return "a gradient returned by torch.autograd.grad is non-finite"
+    if reason is StopReason.GRADIENT_BEFORE_STEP:
+        return "a gradient is non-finite before the optimizer step"
+    if reason is StopReason.PARAMETER_BEFORE_STEP:
+        return "a parameter is non-finite before the optimizer step"
+    if reason is StopReason.UPDATE:
+        return f"optimizer.step() ({facts.optimizer}) made a parameter non-finite"
+    if reason is StopReason.BATCH:
+        return f"batch {facts.batch.number} from the DataLoader is non-finite"
+    raise ValueError(f"no words for {reason}")
+
+
+def site_brief(site: Site) -> str:
+    """`aten.div.Tensor at model.py:12`."""
+    return f"{site.op} at {site.location}" if site.location else site.op

@@ -1,0 +1,157 @@
+"""Run modes: which observer watches the script, and what happens with what it found.
+
+A mode is a class: `observer()` builds the `Observer` (detect/observer.py) that watches
+the run, and `conclude()` turns the first report into the final one (for example by a
+seeded replay that localises the op). Adding a mode is adding a class here and naming it
+in `MODES` (or, like `ReplayMode`, choosing it in `select`).
+
+- `trace`: every op checked (`Detector`); a finding that needs values only a per-op check
+  keeps (a device flag, an update inside `optimizer.step()`) is replayed.
+- `watch`: step boundaries only (`StepWatcher`); every finding is replayed under trace.
+- the replay itself: trace with the first run's random state, every op read at once, and
+  the optimizer's ops checked one by one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nandoctor import replay
+from nandoctor.config import Config
+from nandoctor.console import note_line
+from nandoctor.detect.detector import Detector
+from nandoctor.detect.observer import Observer
+from nandoctor.detect.provenance import SourceLocator
+from nandoctor.detect.result import Detection, Site, SiteFacts, WatchFinding
+from nandoctor.detect.watch import StepWatcher
+from nandoctor.diagnose import replay as replay_words
+from nandoctor.errors import ExitCode
+from nandoctor.report.model import RunReport
+
+
+@dataclass
+class RunRequest:
+    target: str
+    args: list[str]
+    as_module: bool
+    config: Config
+    config_path: str | None = None
+    replay_rng: replay.RngState | None = None  # set in a replay: the RNG state to start from
+
+
+class RunMode:
+    name = ""
+
+    def settings(self, request: RunRequest) -> dict[str, Any]:
+        return dict(request.config.run)
+
+    def observer(self, request: RunRequest, locator: SourceLocator) -> Observer:
+        raise NotImplementedError
+
+    def conclude(self, request: RunRequest, report: RunReport, found, rng: replay.RngState) -> RunReport:
+        """The final report, from the first run's `report` and its observer's finding."""
+        return report
+
+
+class TraceMode(RunMode):
+    """Every op; inside `optimizer.step()` the result is checked once, and a failure there
+    (or one seen by a device flag, which keeps no values) is localised by a replay."""
+
+    name = "trace"
+
+    def observer(self, request: RunRequest, locator: SourceLocator) -> Observer:
+        return Detector(self.settings(request), locator)
+
+    def conclude(self, request, report, found: Detection | None, rng) -> RunReport:
+        if found is None or not found.needs_replay:
+            return report
+        root = found.root
+        written = root.facts.written_by_optimizer or root.phase == "optimizer"
+        weights_clean = False if written else None  # a stop after optimizer.step(): weights already changed
+        replayed, _ = _localise(request, rng, report, replay_words.subject(found), report.step or 0, weights_clean)
+        return replayed if replayed is not None else _kept_on_miss(report)
+
+
+class WatchMode(RunMode):
+    """Step boundaries only; a finding is localised by a replay under trace."""
+
+    name = "watch"
+
+    def observer(self, request: RunRequest, locator: SourceLocator) -> Observer:
+        return StepWatcher(self.settings(request), locator)
+
+    def conclude(self, request, report, found: WatchFinding | None, rng) -> RunReport:
+        if found is None:
+            return report
+        replayed, outcome = _localise(request, rng, report, found.what, found.step, found.weights_clean)
+        return replayed if replayed is not None else _not_reproduced(found, report, outcome)
+
+
+class ReplayMode(TraceMode):
+    """The replay process: trace, started from the first run's random state, every op's
+    check read at once and the optimizer's ops checked one by one; never replays itself."""
+
+    def settings(self, request: RunRequest) -> dict[str, Any]:
+        return dict(request.config.run, check_optimizer_ops=True, device_flags="never")
+
+    def conclude(self, request, report, found, rng) -> RunReport:
+        return report
+
+
+MODES: dict[str, RunMode] = {mode.name: mode for mode in (TraceMode(), WatchMode())}
+
+
+def select(request: RunRequest) -> RunMode:
+    if request.replay_rng is not None:
+        return ReplayMode()
+    return MODES[request.config.run["mode"]]
+
+
+def _localise(request: RunRequest, rng, first: RunReport, what: str, step: int,
+              weights_clean: bool | None) -> tuple[RunReport | None, replay.ReplayOutcome]:
+    """Replay up to the failing step: (the replay's report if it reproduced, the outcome)."""
+    note_line(replay_words.started(first.mode, what, step, weights_clean))
+    outcome = replay.replay(request.target, request.args, request.as_module, request.config_path, rng, step + 1)
+    return _reproduced(outcome, first, what, step, weights_clean), outcome
+
+
+def _reproduced(outcome: replay.ReplayOutcome, first: RunReport, what: str, step: int,
+                weights_clean: bool | None) -> RunReport | None:
+    """The replay's report, marked as reproduced; None when the failure did not come back."""
+    replayed = outcome.report
+    if replayed is None or replayed.status != "nonfinite":
+        return None
+    replayed.mode = first.mode
+    replayed.reproduced = True
+    replayed.weights_clean = weights_clean
+    replayed.notes.insert(0, replay_words.reproduced(first.mode, what, step))
+    return replayed
+
+
+def _kept_on_miss(report: RunReport) -> RunReport:
+    """Trace mode's own report, when its replay ran clean: what the first run saw stands."""
+    report.reproduced = False
+    root = report.root
+    if root.facts.device_flag is None:
+        report.notes.append(replay_words.not_localised())
+        return report
+    report.notes.append(replay_words.flag_only())
+    report.cause = replay_words.nonreproducible_flag(root, report.step)
+    return report
+
+
+def _not_reproduced(found: WatchFinding, report: RunReport, outcome: replay.ReplayOutcome) -> RunReport:
+    """Watch mode's report when the replay did not find the failure again."""
+    site = Site(op="", phase="forward" if found.what == "loss" else "backward", location=found.location,
+                facts=SiteFacts(loss=found.loss, grad_norm=found.grad_norm))
+    report.status, report.exit_code = "nonfinite", int(ExitCode.FOUND)
+    report.event = report.root = site
+    report.lineage = [site]
+    report.reason = replay_words.watch_stop_reason(found)
+    report.reproduced = False
+    report.weights_clean = found.weights_clean
+    replayed = outcome.report
+    report.cause = replay_words.nonreproducible_watch(found, replayed is not None and replayed.status == "clean")
+    if replayed is None and outcome.stderr.strip():
+        report.notes.append(replay_words.replay_failed(outcome.stderr.strip().splitlines()[-1]))
+    return report
