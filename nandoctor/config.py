@@ -57,6 +57,13 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# Settings whose value is one of a few words (checked for files and command-line options alike).
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("run", "mode"): ("trace", "watch"),
+    ("run", "device_flags"): ("auto", "always", "never"),
+}
+
+
 def _frozen(value: Any) -> Any:
     if isinstance(value, dict):
         return MappingProxyType({k: _frozen(v) for k, v in value.items()})
@@ -108,6 +115,11 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any], where: str) -> Non
 
 
 def _build(merged: dict[str, Any], source: str) -> Config:
+    for (section, key), allowed in CHOICES.items():
+        value = merged[section][key]
+        if value not in allowed:
+            noun = "mode" if key == "mode" else f"value for '{section}.{key}'"
+            raise ConfigError(f"unknown {noun} {value!r} (choose from {', '.join(allowed)})")
     return Config(source=source, **{k: _frozen(v) for k, v in merged.items()})
 
 

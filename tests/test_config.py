@@ -45,3 +45,23 @@ def test_a_broken_config_is_a_config_error_naming_the_problem(tmp_path, text, me
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         load_config(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("run:\n  mode: fast\n", "unknown mode 'fast' (choose from trace, watch)"),
+    ("run:\n  device_flags: sometimes\n", "unknown value for 'run.device_flags' 'sometimes'"),
+])
+def test_a_setting_with_fixed_choices_rejects_any_other_word(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(path)
+    with pytest.raises(ConfigError, match="unknown mode"):
+        load_config().with_overrides("run", mode="fast")
+
+
+def test_every_mode_the_config_accepts_is_a_run_mode_class():
+    from nandoctor.config import CHOICES
+    from nandoctor.modes import MODES
+
+    assert set(MODES) == set(CHOICES[("run", "mode")])

@@ -32,8 +32,6 @@ from nandoctor.detect.result import SiteFacts
 # two 0-d tensors per op, a few MB of device memory at most.
 PENDING_LIMIT = 8192
 
-SETTINGS = ("auto", "always", "never")
-
 
 class FlaggedOp(NamedTuple):
     """What the hot path keeps about one deferred op: enough to name it, nothing heavy
@@ -61,10 +59,6 @@ class DeviceFlags:
     """The flags of the ops run since the last read, in the order the ops ran."""
 
     def __init__(self, setting: str = "auto") -> None:
-        if setting not in SETTINGS:
-            from nandoctor.errors import ConfigError
-
-            raise ConfigError(f"'run.device_flags' must be one of {', '.join(SETTINGS)}, got {setting!r}")
         self.defer_cpu = setting == "always"  # CPU has no sync to save; tests use it to exercise this path
         # Off unless some tensor can live on an accelerator: a CPU-only run's hot path then
         # pays one attribute test per op for this feature.
