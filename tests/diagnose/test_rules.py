@@ -251,3 +251,15 @@ class TestBackwardRulesTorchNowMasks:
     def test_near_miss_a_forward_atan2_root_is_not_a_backward_cause(self):
         cause = cause_of_root(self.backward_root(None, "x", op="aten.atan2.default"))
         assert cause.id != "atan2_zero_backward"
+
+
+def test_a_nan_copied_into_a_parameter_no_module_owns_is_described_by_its_shape():
+    w = torch.nn.Parameter(torch.ones(3))
+
+    def load():
+        with torch.no_grad():
+            w.copy_(torch.tensor([1.0, float("nan"), 2.0]))
+
+    cause = cause_of(load)
+    assert cause.id == "nonfinite_parameter"
+    assert cause.explanation.startswith("A parameter of shape (3,) holds 1 NaN (of 3)")
