@@ -97,6 +97,18 @@ def summarize(tensor: "torch.Tensor", name: str = "", positions: int = 3) -> Ten
         )
 
 
+def summarize_number(value: float, name: str = "") -> TensorSummary:
+    """A Python number an op received where it takes a tensor (`x / 0`, `x * 0.5`)."""
+    import math
+
+    finite = math.isfinite(value)
+    return TensorSummary(
+        name=name, shape=(), dtype=type(value).__name__, min=value if finite else None, max=value if finite else None,
+        nan=int(value != value), posinf=int(value == math.inf), neginf=int(value == -math.inf),
+        zeros=int(value == 0), negatives=int(value < 0), numel=1,
+    )
+
+
 def _fmt(x: float | None) -> str:
     if x is None:
         return "-"

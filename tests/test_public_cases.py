@@ -21,7 +21,6 @@ CASES = sorted(p.parent.name for p in (SHARED / "cases").glob("*/expect.yaml"))
 # Issue 12 ("Right on scripts nobody has shown you") tracks each of these.
 KNOWN_MISSES = {
     "black_mask_normalized_upfront": "issue 12: a NaN made while building the data before training",
-    "custom_function_backward_div": "issue 12: the line and inputs inside a custom backward / in-place op",
     "edge_loss_masked_after": "issue 12: a masked Inf whose NaN gradient leaks",
     "gaussian_logprob_nan_targets": "issue 12: NaN in input data",
     "healthy_entropy_metric_nograd": "issue 12: a NaN that is discarded must not stop the run",

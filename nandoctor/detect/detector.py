@@ -110,7 +110,8 @@ class Detector(Observer):
 
     # -- called by the hot path (mode.py), on the rare path or for deferred ops ----------
 
-    def on_nonfinite(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool = False) -> None:
+    def on_nonfinite(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool = False,
+                     before: torch.Tensor | None = None) -> None:
         if out.is_meta:  # no values (a model built on the meta device): nothing to record
             return
         self.read_flags()  # a deferred op that ran earlier comes first
@@ -119,7 +120,7 @@ class Detector(Observer):
                 if self.records:
                     self.records.forget(out)
                 return
-            record = self.recorder.op(func, args, kwargs, out, node, created_seq, intended)
+            record = self.recorder.op(func, args, kwargs, out, node, created_seq, intended, before)
         self.records.put(out, record)
         reason = op_verdict(record.phase, record.has_nan, out.dtype, intended, self.stop_inf_dtypes)
         if reason is not None:

@@ -21,6 +21,18 @@ from nandoctor.detect.ops import OpKind, is_inplace, op_kind, writes_nonfinite_s
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
 
+# Elements of an in-place op's `self` copied before the op (a few µs at this size); larger
+# ones are reported with their values after the op.
+SNAPSHOT_LIMIT = 1 << 16
+
+
+def _before(args) -> torch.Tensor | None:
+    """A copy of an in-place op's `self` as it is before the op, when small and plain."""
+    t = args[0] if args else None
+    if type(t) is torch.Tensor and t.is_floating_point() and t.numel() <= SNAPSHOT_LIMIT and not t.is_meta:
+        return t.clone()
+    return None
+
 
 def _finite(t: torch.Tensor) -> bool:
     """Cheap and one-sided: True proves every element finite; False may be an overflow."""
@@ -78,13 +90,16 @@ class CheckingMode(TorchDispatchMode):
                 # Autograd numbered a node for this op: remember the forward line for backward.
                 created = seq - 1
                 d.sites.note(seq, (d.locator.user_frame(1), d.modules.current))
+        before = None
+        if kind is OpKind.CHECKED_INPLACE:
+            before, kind = _before(args), OpKind.CHECKED
         out = func(*args, **kwargs)
         if kind is OpKind.CHECKED:
             if d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out):
                 if out.is_floating_point() and out.numel():
                     d.defer(func, args, out, node, created)  # no host sync: read at the boundary
             else:
-                self._check(func, args, kwargs, out, node, created)
+                self._check(func, args, kwargs, out, node, created, before)
         elif kind is OpKind.FILL:
             if writes_nonfinite_scalar(func, args, kwargs) and not (
                     d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out)):
@@ -96,11 +111,11 @@ class CheckingMode(TorchDispatchMode):
             d.carry(args, out)
         return out
 
-    def _check(self, func, args, kwargs, out, node, created) -> None:
+    def _check(self, func, args, kwargs, out, node, created, before) -> None:
         d = self.detector
         if isinstance(out, torch.Tensor):
             if not _finite(out):
-                d.on_nonfinite(func, args, kwargs, out, node, created)
+                d.on_nonfinite(func, args, kwargs, out, node, created, before=before)
             elif d.records and is_inplace(func):
                 d.records.forget(out)
             return

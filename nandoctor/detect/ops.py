@@ -7,7 +7,9 @@ The hot path costs one dict lookup per op to learn the op's kind:
 - PASSTHROUGH: views, copies, indexing, concatenation, fills: they cannot turn finite
   values into non-finite ones, so their outputs are not checked. When a non-finite tensor
   passes through one, the detector still carries its provenance over to the output.
-- CHECKED: everything else that returns floating-point tensors.
+- CHECKED: everything else that returns floating-point tensors; CHECKED_INPLACE for the
+  in-place ones (`div_`, `add_`), whose `self` is kept as it was before the op when it is
+  small enough to copy, so a report can show the values the op received.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ aten = torch.ops.aten
 
 class OpKind(enum.Enum):
     CHECKED = "checked"
+    CHECKED_INPLACE = "checked_inplace"  # checked; its `self` is kept as it was before the op
     PASSTHROUGH = "passthrough"
     FILL = "fill"  # passthrough, unless handed a non-finite scalar to write
     UNINITIALISED = "uninitialised"
@@ -77,7 +80,7 @@ def _classify(func) -> OpKind:
         return OpKind.FILL
     if name in _PASSTHROUGH or getattr(func, "is_view", False):
         return OpKind.PASSTHROUGH
-    return OpKind.CHECKED
+    return OpKind.CHECKED_INPLACE if is_inplace(func) and not name.startswith("_foreach_") else OpKind.CHECKED
 
 
 def op_name(func) -> str:

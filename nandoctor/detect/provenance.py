@@ -28,6 +28,8 @@ _LIBRARY_DIRS = tuple(
     }
 )
 _SITE_PACKAGES_MARKERS = (os.sep + "typer" + os.sep, os.sep + "click" + os.sep)
+# Where Python hands a backward pass to the autograd engine: frames above it are the caller's.
+_ENGINE_ENTRY = torch.autograd.graph._engine_run_backward.__code__
 
 
 class SourceLocator:
@@ -57,6 +59,20 @@ class SourceLocator:
         frame = sys._getframe(skip + 1)
         while frame is not None:
             code = frame.f_code
+            if self._user_code(code):
+                return code, frame.f_lineno
+            frame = frame.f_back
+        return None
+
+    def user_frame_inside_backward(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
+        """(code, line) of the user's own code running inside backward — a custom
+        `Function.backward`, a tensor or module hook — or None when the autograd engine
+        runs a built-in formula (the innermost frames below the engine are torch's)."""
+        frame = sys._getframe(skip + 1)
+        while frame is not None:
+            code = frame.f_code
+            if code is _ENGINE_ENTRY:
+                return None
             if self._user_code(code):
                 return code, frame.f_lineno
             frame = frame.f_back

@@ -16,12 +16,9 @@ from nandoctor.detect.op_facts import collect_op_facts
 from nandoctor.detect.ops import is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.records import Record, RecordTable, storage_key
-from nandoctor.detect.result import ParameterRef, SiteFacts
+from nandoctor.detect.result import OVERWRITTEN_SUFFIX, ParameterRef, SiteFacts
 from nandoctor.detect.state import TrainingState
-from nandoctor.stats import summarize
-
-OVERWRITTEN_SUFFIX = " (after: overwritten in place)"
-
+from nandoctor.stats import TensorSummary, summarize, summarize_number
 
 class Recorder:
     def __init__(self, state: TrainingState, locator: SourceLocator, modules: ModuleTracker,
@@ -36,14 +33,16 @@ class Recorder:
         self.forward_by_node: dict[int, Record] = {}
         self.last_backward_order = -1  # order of the latest non-finite value made in backward
 
-    def op(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool) -> Record:
-        """The record of an op whose output `out` is non-finite."""
-        tensors = list(_named_tensor_args(func, args, kwargs))
-        parents, facts = self._parents(func, tensors, out)
-        origin = not any(not p.intended for p in parents)
+    def op(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool,
+           before: torch.Tensor | None = None) -> Record:
+        """The record of an op whose output `out` is non-finite; `before` is the in-place
+        op's `self` as it was before the op, when the hot path could keep a copy."""
+        named = list(_named_inputs(func, args, kwargs))
+        tensors = [(name, v) for name, v in named if isinstance(v, torch.Tensor)]
         overwritten = _overwritten_name(func, tensors, out)
-        inputs = ([summarize(t, name + OVERWRITTEN_SUFFIX if name == overwritten else name) for name, t in tensors]
-                  if origin else [])
+        parents, facts = self._parents(tensors, overwritten, before)
+        origin = not any(not p.intended for p in parents)
+        inputs = [_summary(name, value, name == overwritten, before) for name, value in named] if origin else []
         if origin:
             _add_origin_facts(facts, func, args, kwargs, tensors)
             if facts.loads_parameter:
@@ -51,6 +50,10 @@ class Recorder:
         if node is not None:
             seq = node._sequence_nr()
             where, module = self.sites.get(seq) or (None, None)
+            # Code the user wrote inside backward (a custom Function, a hook) is its own line.
+            own = self.locator.user_frame_inside_backward(2)
+            if own is not None:
+                where, facts.user_backward = own, True
             node_name = type(node).__name__
         else:
             seq, where, module, node_name = created_seq, self.locator.user_frame(3), self.modules.current, None
@@ -66,18 +69,19 @@ class Recorder:
             self.forward_by_node[created_seq] = record
         return record
 
-    def _parents(self, func, tensors, out) -> tuple[list[Record], SiteFacts]:
+    def _parents(self, tensors, overwritten: str | None, before) -> tuple[list[Record], SiteFacts]:
         """The records of the non-finite inputs; an input non-finite with no record came
         from outside the checked ops (data, a parameter changed inside optimizer.step())."""
         parents: list[Record] = []
         facts = SiteFacts()
-        overwritten = _overwritten_name(func, tensors, out)
         for name, t in tensors:
-            if name == overwritten:
+            if name == overwritten and before is None:
                 # Its values before the op are gone: only a record says it was bad before.
                 parent = self.records.get(t)
                 parents += [parent] if parent is not None else []
-            elif t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+                continue
+            value = before if name == overwritten else t
+            if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
                 parent = self.records.get(t)
                 if parent is not None:
                     parents.append(parent)
@@ -161,18 +165,31 @@ def _position(optimizer, p) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _named_tensor_args(func, args, kwargs):
-    """(ATen argument name, tensor) for each tensor input, lists included (`tensors[1]`)."""
-    names = [a.name for a in func._schema.arguments]
+def _summary(name: str, value, overwritten: bool, before: torch.Tensor | None) -> TensorSummary:
+    if not isinstance(value, torch.Tensor):
+        return summarize_number(value, name)
+    if overwritten:
+        return summarize(before, name) if before is not None else summarize(value, name + OVERWRITTEN_SUFFIX)
+    return summarize(value, name)
+
+
+def _named_inputs(func, args, kwargs):
+    """(ATen argument name, value) for each tensor input, lists included (`tensors[1]`), and
+    each Python number given where the op takes a tensor (`x / 0` is `div(x, 0)`)."""
+    schema = func._schema.arguments
+    tensor_typed = {a.name for a in schema if isinstance(a.type, torch.TensorType)}
+    names = [a.name for a in schema]
     for i, value in enumerate(args):
         name = names[i] if i < len(names) else f"arg{i}"
-        yield from _tensors_named(name, value)
+        yield from _inputs_named(name, value, name in tensor_typed)
     for name, value in kwargs.items():
-        yield from _tensors_named(name, value)
+        yield from _inputs_named(name, value, name in tensor_typed)
 
 
-def _tensors_named(name: str, value: Any):
+def _inputs_named(name: str, value: Any, tensor_typed: bool):
     if isinstance(value, torch.Tensor):
+        yield name, value
+    elif tensor_typed and isinstance(value, (int, float)) and not isinstance(value, bool):
         yield name, value
     elif isinstance(value, (list, tuple)):
         for j, item in enumerate(value):

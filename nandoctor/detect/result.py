@@ -18,6 +18,11 @@ from typing import Any, Literal
 
 from nandoctor.stats import TensorSummary
 
+# The name suffix of an in-place op's input summarised after the op (too large to copy
+# before it): its values say nothing about what the op received.
+OVERWRITTEN_SUFFIX = " (after: overwritten in place)"
+
+
 @dataclass(frozen=True)
 class Location:
     """The source line a user should look at."""
@@ -109,6 +114,7 @@ class SiteFacts:
     batch: BatchOrigin | None = None
     device_flag: DeviceFlag | None = None  # seen by a device-side flag: values not kept
     gradient_leak_through: str | None = None  # the backward node that turned this op's Inf into NaN
+    user_backward: bool = False  # called by the user's own code inside backward (custom Function, hook)
     input_producers: dict[str, str] = field(default_factory=dict)  # input name -> autograd node
     ctc: CtcLengths | None = None
     exponent: float | None = None  # a Python-number exponent of pow
@@ -125,7 +131,8 @@ class SiteFacts:
             out["parameter_shape"] = list(p.shape)
             if p.group is not None:
                 out["parameter_position"] = [p.group, p.index]
-        for key in ("loads_parameter", "parameter_before_step", "written_by_optimizer", "untracked_input"):
+        for key in ("loads_parameter", "parameter_before_step", "written_by_optimizer", "untracked_input",
+                    "user_backward"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nandoctor.detect.result import Detection, History, Site, SiteFacts
+from nandoctor.detect.result import OVERWRITTEN_SUFFIX, Detection, History, Site, SiteFacts
 from nandoctor.stats import TensorSummary
 
 # Largest x whose exp(x) is finite, per dtype (log of the dtype's max).
@@ -33,13 +33,16 @@ class Evidence:
 
     @property
     def op(self) -> str:
-        """Base name of the root op: `aten.log.default` -> `log`."""
+        """Base name of the root op, in-place variants as their op: `aten.log_.default` -> `log`."""
         parts = self.root.op.split(".")
-        return parts[1] if len(parts) >= 2 else self.root.op
+        name = parts[1] if len(parts) >= 2 else self.root.op
+        return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
     @property
     def node(self) -> str | None:
-        return self.root.backward_node
+        """The autograd node whose built-in formula ran the root op; None for a forward root
+        and for an op the user's own backward code called (it is judged as the op it is)."""
+        return None if self.root.facts.user_backward else self.root.backward_node
 
     @property
     def forward_op(self) -> str | None:
@@ -77,7 +80,9 @@ class Evidence:
         return self.root.inputs[0] if self.root.inputs else None
 
     def inputs_finite(self) -> bool:
-        return all(s.nonfinite == 0 for s in self.root.inputs)
+        """Were the inputs finite when the op received them? (An in-place op's `self` too
+        large to keep a copy of is summarised after the op: it says nothing about before.)"""
+        return all(s.nonfinite == 0 for s in self.root.inputs if not s.name.endswith(OVERWRITTEN_SUFFIX))
 
     def made_nan(self) -> bool:
         return bool(self.output and self.output.nan)

@@ -51,7 +51,7 @@ def fallback_rule(rule: Rule) -> Rule:
 def rule_for(ev: Evidence) -> Rule | None:
     if ev.node:
         return _node_rules.get(ev.node.rstrip("0123456789"))
-    return _op_rules.get(ev.op) if ev.op else None
+    return _op_rules.get(ev.op) if ev.op else None  # a forward op, or one the user's backward code called
 
 
 def context_rules() -> list[Rule]:

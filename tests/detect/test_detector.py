@@ -147,6 +147,71 @@ class TestBackward:
         assert torch.isfinite(w).all(), "the bad update must not have been applied"
 
 
+class TestUserCodeInsideBackward:
+    """Code the user wrote that autograd runs (a custom Function's backward, hooks) is
+    reported at its own line, judged as the op it is."""
+
+    def test_a_custom_function_backward_is_reported_at_its_own_line(self):
+        class ZeroOverZero(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.sum(0, keepdim=True)
+
+            @staticmethod
+            def backward(ctx, grad):
+                g = grad.clone().expand(3, -1)
+                g[0] = 0
+                g[0] /= 0  # MARK-custom-div
+                return g
+
+        w = torch.nn.Parameter(torch.ones(3, 2))
+        d = detect(lambda: ZeroOverZero.apply(w * 2).sum().backward()).detection
+        assert d.root.op == "aten.div_.Tensor" and d.root.backward_node == "ZeroOverZeroBackward"
+        assert d.root.location.line == line_of("MARK-custom-div")
+        assert d.root.facts.user_backward
+
+    def test_a_tensor_hook_is_reported_at_its_own_line(self):
+        w = torch.nn.Parameter(torch.ones(2))
+
+        def train():
+            y = w * 3
+            y.register_hook(lambda g: (g - 1).log())  # MARK-hook
+            y.sum().backward()
+
+        d = detect(train).detection
+        assert d is not None and d.root.location.line == line_of("MARK-hook")
+
+    def test_a_builtin_backward_formula_keeps_the_forward_line(self):
+        p = torch.nn.Parameter(torch.zeros(2))
+        d = detect(lambda: torch.sqrt(p * 1).sum().backward()).detection  # MARK-builtin
+        assert d.root.backward_node == "SqrtBackward0" and not d.root.facts.user_backward
+        assert d.root.location.line == line_of("MARK-builtin")
+
+
+class TestInPlaceOps:
+    def test_an_in_place_op_shows_its_inputs_as_they_were_before_it(self):
+        def zero_over_zero():
+            x = torch.ones(3, 2)
+            x[0] = 0
+            x[0] /= 0
+
+        root = detect(zero_over_zero).detection.root
+        names = {s.name: s for s in root.inputs}
+        assert root.op == "aten.div_.Tensor"
+        assert names["self"].zeros == 2 and names["self"].nan == 0  # before the op, not after
+        assert names["other"].zeros == 1 and names["other"].shape == ()  # the Python number 0
+        assert not root.facts.untracked_input
+
+    def test_an_in_place_op_on_an_input_that_was_already_bad_keeps_its_lineage(self):
+        def twice():
+            x = torch.tensor([1.0, -1.0])
+            y = x.log()  # MARK-log-first
+            y.mul_(2)
+
+        d = detect(twice).detection
+        assert d.root.op == "aten.log.default" and d.root.location.line == line_of("MARK-log-first")
+
+
 class TestPhasesAndSteps:
     def test_optimizer_steps_are_counted_and_history_kept(self):
         model = torch.nn.Linear(2, 1)

@@ -10,6 +10,7 @@ import torch
 from helpers import detect, run_nandoctor
 from nandoctor.detect import mode as checking_mode
 from nandoctor.detect.device_flags import DeviceFlags, FlaggedOp
+from nandoctor.config import load_config
 from nandoctor.errors import ConfigError
 
 
@@ -49,7 +50,7 @@ class TestFlags:
 
     def test_an_unknown_setting_is_a_config_error(self):
         with pytest.raises(ConfigError, match="device_flags"):
-            DeviceFlags("sometimes")
+            load_config().with_overrides("run", device_flags="sometimes")
 
 
 def no_host_reads(monkeypatch):

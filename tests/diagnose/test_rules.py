@@ -86,6 +86,22 @@ class TestDivision:
 
         assert stays_clean(train_steps(loss, [pred]))
 
+    def test_zero_over_zero_in_place_is_div_by_zero_not_inf_arithmetic(self):
+        def zero_over_zero():
+            x = torch.ones(3, 2)
+            x[0] = 0
+            x[0] /= 0
+
+        cause = cause_of(zero_over_zero)
+        assert cause.id == "div_by_zero" and "0/0 = NaN" in cause.explanation
+
+    def test_near_miss_an_in_place_division_by_a_nonzero_number_is_fine(self):
+        def fine():
+            x = torch.ones(3, 2)
+            x[0] /= 4
+
+        assert stays_clean(fine)
+
     def test_masked_division_after_the_fact_leaks_into_the_gradient(self):
         pred = torch.nn.Parameter(torch.randn(6))
         target = torch.tensor([1.0, 0.0, 2.0, 0.0, 3.0, 1.0])
@@ -204,6 +220,13 @@ class TestContext:
         mask = torch.tensor([[False, True, True], [True, True, True]])
         cause = cause_of(lambda: torch.softmax(scores.masked_fill(mask, float("-inf")), -1))
         assert cause.id == "inf_arithmetic"
+
+
+def test_an_inf_written_by_a_seen_op_is_never_said_to_come_from_outside():
+    scores = torch.randn(2, 3)
+    mask = torch.tensor([[True, True, True], [False, True, False]])
+    masked = cause_of(lambda: torch.softmax(scores.masked_fill(mask, float("-inf")), -1))
+    assert "came from outside" not in masked.explanation
 
 
 def test_a_nan_built_from_a_python_number_is_input_data():

@@ -6,6 +6,7 @@ that was already non-finite, or an update the optimizer made from finite gradien
 """
 from __future__ import annotations
 
+from nandoctor.detect.result import OVERWRITTEN_SUFFIX
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence, count_of
 from nandoctor.diagnose.registry import context_rule
@@ -104,4 +105,4 @@ def _bad(summary) -> str:
 
 
 def _bad_inputs(ev: Evidence) -> str:
-    return "; ".join(f"`{s.name}` has {_bad(s)}" for s in ev.root.inputs if s.nonfinite and "overwritten" not in s.name)
+    return "; ".join(f"`{s.name}` has {_bad(s)}" for s in ev.root.inputs if s.nonfinite and not s.name.endswith(OVERWRITTEN_SUFFIX))

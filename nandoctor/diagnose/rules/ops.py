@@ -16,7 +16,7 @@ def _producer(ev: Evidence, name: str) -> str | None:
     return ev.facts.input_producers.get(name)
 
 
-@op_rule("log", "log2", "log10", "log1p", "xlogy", "log_",
+@op_rule("log", "log2", "log10", "log1p", "xlogy",
          nodes=("LogBackward", "Log2Backward", "Log10Backward", "Log1PBackward", "XlogyBackward"))
 def log_nonpositive(ev: Evidence) -> Cause | None:
     x = ev.input("self", "x", "input") or ev.first_input()
@@ -103,7 +103,7 @@ def zero_variance(ev: Evidence) -> Cause:
     )
 
 
-@op_rule("exp", "exp2", "expm1", "sinh", "cosh", "exp_")
+@op_rule("exp", "exp2", "expm1", "sinh", "cosh")
 def exp_overflow(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
     limit = EXP_LIMIT.get(ev.dtype, 88.72)
@@ -120,7 +120,7 @@ def exp_overflow(ev: Evidence) -> Cause | None:
     )
 
 
-@op_rule("sqrt", "rsqrt", "sqrt_", nodes=("SqrtBackward", "RsqrtBackward"))
+@op_rule("sqrt", "rsqrt", nodes=("SqrtBackward", "RsqrtBackward"))
 def sqrt_rule(ev: Evidence) -> Cause | None:
     if ev.node:
         return Cause(
@@ -149,7 +149,7 @@ def sqrt_rule(ev: Evidence) -> Cause | None:
     return None
 
 
-@op_rule("pow", "float_power", "pow_", nodes=("PowBackward",))
+@op_rule("pow", "float_power", nodes=("PowBackward",))
 def pow_invalid(ev: Evidence) -> Cause | None:
     base = ev.input("self") or ev.first_input()
     exponent = ev.input("exponent")
@@ -183,7 +183,7 @@ def pow_invalid(ev: Evidence) -> Cause | None:
     return None
 
 
-@op_rule("acos", "asin", "atanh", "acosh", "acos_", "asin_",
+@op_rule("acos", "asin", "atanh", "acosh",
          nodes=("AcosBackward", "AsinBackward", "AtanhBackward", "AcoshBackward"))
 def domain_asin_acos(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
