@@ -11,6 +11,10 @@ coverage.py's `execfile.py`:
   workers) re-imports the main module from these.
 - `SystemExit` codes pass through; any other exception prints the user's traceback with
   nandoctor's frames removed and gives exit status 1.
+- With `-m`, "your module wasn't found" is a usage error (exit 2), but an exception from
+  importing the module's package (`import not_installed_dep` in `pkg/__init__.py`) is the
+  user's, as under `python -m`: its traceback and exit status 1 (runpy tells the two
+  apart by the name the ImportError carries, and so do we).
 - The interpreter state (argv, path, `__main__`, working directory) is restored afterwards,
   also when the script chdir'd into a directory that has since been deleted.
 """
@@ -48,6 +52,9 @@ class ScriptRunner:
         self.code: types.CodeType | None = None
         self.main_module: types.ModuleType | None = None
         self.display_path = target  # what a user typed, used in reports
+        # The user's exception raised while preparing (importing the package of a `-m`
+        # module): run() ends with it as python would, instead of executing anything.
+        self.failure: BaseException | None = None
 
     # -- preparing ---------------------------------------------------------------------
 
@@ -87,6 +94,11 @@ class ScriptRunner:
             if spec.submodule_search_locations is not None:  # a package: run its __main__
                 spec = _find_spec(f"{self.target}.__main__", package=self.target)
             code = spec.loader.get_code(spec.name) if spec.loader else None
+        except _PackageImportFailed as failed:
+            # The module is there but importing its package raised: python shows that
+            # traceback and exits 1, so the failure is the script's, reported by run().
+            self._defer_failure(failed.error)
+            return
         finally:
             sys.path.pop(0)
         if code is None:
@@ -97,6 +109,12 @@ class ScriptRunner:
         self._argv0 = spec.origin
         self._path0 = os.getcwd()
         self.display_path = os.path.relpath(spec.origin) if spec.origin else self.target
+
+    def _defer_failure(self, error: BaseException) -> None:
+        self.failure = error  # run() raises it where it would have executed the code
+        self.main_module = self._new_main(None, spec=None, loader=None)
+        self._argv0 = self.target
+        self._path0 = os.getcwd()
 
     def _compile(self, source: bytes, filename: str) -> types.CodeType:
         if b"\x00" in source[:4096]:
@@ -125,12 +143,14 @@ class ScriptRunner:
     def run(self, passthrough: tuple[type[BaseException], ...] = ()) -> ScriptOutcome:
         """Execute the prepared code. Exceptions of the `passthrough` types propagate
         (the detector's stop signal); everything else ends as python would end it."""
-        assert self.code is not None and self.main_module is not None, "call prepare() first"
+        assert self.main_module is not None, "call prepare() first"
         saved = _InterpreterState.capture()
         sys.argv = [self._argv0, *self.args]
         sys.path[0:1] = [self._path0] if sys.path else [self._path0]
         sys.modules["__main__"] = self.main_module
         try:
+            if self.failure is not None:
+                raise self.failure
             exec(self.code, self.main_module.__dict__)
         except passthrough:
             raise
@@ -147,16 +167,45 @@ class ScriptRunner:
         return ScriptOutcome(0)
 
 
+class _PackageImportFailed(Exception):
+    """Importing the package of a `-m` module raised `error` (the user's code failed)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error)
+        self.error = error
+
+
 def _find_spec(name: str, package: str | None = None):
+    """The spec of module `name`; UsageError when it (or a package on its way) doesn't exist.
+
+    Finding `a.b.c` imports `a.b` first. As in CPython's runpy, an ImportError from that
+    import only means "not found" when it names the package itself or one of its parents;
+    any other failure (`import not_installed_dep` in `a/__init__.py`, a RuntimeError, a
+    sys.exit) is the user's code failing and becomes _PackageImportFailed.
+    """
+    parent = name.rpartition(".")[0]
+    if parent:
+        try:
+            __import__(parent)
+        except ImportError as exc:
+            if not _names_package_of(exc, parent):
+                raise _PackageImportFailed(exc) from None
+        except BaseException as exc:  # noqa: BLE001 - the user's code failed; python shows it
+            raise _PackageImportFailed(exc) from None
     try:
         spec = importlib.util.find_spec(name)
-    except ModuleNotFoundError:
+    except (ImportError, ValueError):  # a missing parent package; a relative name
         spec = None
     if spec is None:
         if package:
             raise UsageError(f"no module named '{name}'; '{package}' is a package and cannot be run directly")
         raise UsageError(f"no module named '{name}'")
     return spec
+
+
+def _names_package_of(exc: ImportError, package: str) -> bool:
+    """Whether `exc` says `package` (or a package above it) is missing (runpy's test)."""
+    return exc.name is not None and (exc.name == package or package.startswith(exc.name + "."))
 
 
 def _script_loader(path: str):

@@ -2,10 +2,15 @@
 running the benchmarks themselves, never asserted in a test)."""
 from __future__ import annotations
 
+import math
+import re
 import subprocess
 import sys
 
 from helpers import REPO
+
+CHECKERS = ["detect_anomaly", "trace", "watch"]
+RATIO = r"(\d+\.\d+)x"
 
 
 def run_bench(*args: str) -> str:
@@ -14,10 +19,45 @@ def run_bench(*args: str) -> str:
     return proc.stdout
 
 
+def table(out: str, model: str) -> tuple[str, str]:
+    """The header line (it starts with `model`) and the row of `model`."""
+    lines = out.splitlines()
+    header = next(line for line in lines if line.split()[:1] == ["model"])
+    row = next(line for line in lines if line.split()[:1] == [model])
+    return header, row
+
+
+def ratios_under_columns(header: str, row: str, cell: str) -> dict[str, tuple[float, ...]]:
+    """Per checker, the numbers of the cell right-aligned under its name in the header.
+
+    `cell` is the cell's pattern; the cell must end exactly where the column name ends.
+    """
+    found = {}
+    for checker in CHECKERS:
+        column = re.search(rf"(?<!\S){checker}(?!\S)", header)
+        assert column, f"no column {checker!r} in {header!r}"
+        end = column.end()
+        match = re.search(rf"(?<!\S){cell}$", row[:end]) if len(row) >= end else None
+        assert match and row[end: end + 1] in ("", " "), (
+            f"no ratio under {checker!r}:\n{header}\n{row}"
+        )
+        found[checker] = tuple(float(group) for group in match.groups())
+    return found
+
+
+def assert_positive_finite(ratios: dict[str, tuple[float, ...]]) -> None:
+    for checker, values in ratios.items():
+        assert all(math.isfinite(v) and v > 0 for v in values), (checker, values)
+
+
 def test_the_overhead_bench_prints_a_row_per_model_with_a_ratio_per_checker():
     out = run_bench("bench/bench_overhead.py", "--rounds", "1", "--steps", "2", "--models", "mlp")
-    row = next(line for line in out.splitlines() if line.startswith("mlp"))
-    assert row.count("x (") == 3  # detect_anomaly, trace, watch: paired ratio (fastest-run ratio)
+    header, row = table(out, "mlp")
+    # Each cell: the paired median-step ratio, then the paired loop-time ratio in parentheses.
+    ratios = ratios_under_columns(header, row, rf"{RATIO} \({RATIO}\)")
+    assert list(ratios) == CHECKERS
+    assert_positive_finite(ratios)
+    assert len(re.findall(RATIO, row)) == 2 * len(CHECKERS)  # no other ratio on the row
 
 
 def test_the_memory_bench_reports_each_mode():
@@ -27,5 +67,8 @@ def test_the_memory_bench_reports_each_mode():
 
 def test_the_interleaved_bench_prints_a_ratio_per_checker():
     out = run_bench("bench/bench_interleaved.py", "--rounds", "1", "--block-s", "0.02", "--models", "cnn")
-    row = next(line for line in out.splitlines() if line.startswith("cnn"))
-    assert row.count("x") == 3
+    header, row = table(out, "cnn")
+    ratios = ratios_under_columns(header, row, RATIO)
+    assert list(ratios) == CHECKERS
+    assert_positive_finite(ratios)
+    assert len(re.findall(RATIO, row)) == len(CHECKERS)

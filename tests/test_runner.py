@@ -99,6 +99,66 @@ def test_traceback_of_a_failing_script_shows_only_the_users_frames(tmp_path, scr
     assert result.report["error"]["type"] == "FileNotFoundError"
 
 
+def _python_stderr(args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _users_traceback(stderr: str) -> list[str]:
+    """The traceback part of nandoctor's stderr: the lines before nandoctor's own words."""
+    lines = stderr.splitlines()
+    start = lines.index("Traceback (most recent call last):")
+    end = next((i for i, line in enumerate(lines) if i > start and line.startswith("nandoctor")), len(lines))
+    return lines[start:end]
+
+
+@pytest.mark.parametrize(
+    "module, init, status",
+    [
+        ("pkg.mod", "import not_installed_dep\n", 1),  # ModuleNotFoundError for another name
+        ("pkg", "import not_installed_dep\n", 1),  # the same, reached through pkg/__main__.py
+        ("pkg.mod", "from os import not_a_name\n", 1),  # ImportError
+        ("pkg.mod", "raise RuntimeError('broken package')\n", 1),
+        ("pkg.mod", "import sys\nsys.exit(5)\n", 5),
+    ],
+)
+def test_an_import_failing_inside_the_users_package_is_the_scripts_error_as_under_python(
+    tmp_path, script, module, init, status
+):
+    script("pkg/__init__.py", init)
+    script("pkg/mod.py", "print('ran')\n")
+    script("pkg/__main__.py", "print('ran')\n")
+    plain = _python_stderr(["-m", module], tmp_path)
+    wrapped = run_nandoctor(["run", "-m", module], tmp_path)
+    assert plain.returncode == status
+    assert wrapped.code == status, wrapped.stderr
+    assert "ran" not in wrapped.stdout and "ran" not in plain.stdout  # the module itself never ran
+    if status != 1:
+        return  # a sys.exit in the package: no traceback either way
+    traceback_lines = _users_traceback(wrapped.stderr)
+    assert traceback_lines[-1] == plain.stderr.splitlines()[-1]  # e.g. "ModuleNotFoundError: No module named ..."
+    assert any(line.strip().startswith('File "') and "pkg/__init__.py\", line" in line for line in traceback_lines)
+    assert not any("nandoctor" in line for line in traceback_lines), traceback_lines  # the user's frames only
+    assert wrapped.report["status"] == "script_error"
+
+
+@pytest.mark.parametrize(
+    "module, message",
+    [
+        ("not_a_module_anywhere", "no module named 'not_a_module_anywhere'"),
+        ("missing_pkg.mod", "no module named 'missing_pkg.mod'"),
+        ("pkg.not_there", "no module named 'pkg.not_there'"),
+        ("pkg", "no module named 'pkg.__main__'; 'pkg' is a package and cannot be run directly"),
+    ],
+)
+def test_a_module_that_is_not_there_is_a_one_line_usage_error(tmp_path, script, module, message):
+    script("pkg/__init__.py", "")  # a package without __main__.py
+    plain = _python_stderr(["-m", module], tmp_path)
+    wrapped = run_nandoctor(["run", "-m", module], tmp_path, json_name=None)
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr  # python's one line
+    assert wrapped.code == 2  # the contract's usage error
+    assert wrapped.stderr.splitlines() == [f"nandoctor: {message}"]
+
+
 class TestInProcess:
     """The runner used directly: state is restored whatever the script did."""
 
