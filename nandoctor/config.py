@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
         "history": 64,
         # lines of source shown around the culprit line in the terminal report.
         "context_lines": 2,
+        # non-finite values accepted on purpose: "file:line" (train.py:27) or an op pattern
+        # (aten.log.*); like a `# nandoctor: allow` comment on the line. Reported, never a stop.
+        "allow": [],
     },
     "check_data": {
         # which checks fail the command (exit 3), which are printed as warnings; a check in
@@ -115,6 +118,8 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any], where: str) -> Non
 
 
 def _build(merged: dict[str, Any], source: str) -> Config:
+    if not all(isinstance(entry, str) for entry in merged["run"]["allow"]):
+        raise ConfigError("'run.allow' must be a list of \"file:line\" or op patterns (strings)")
     for (section, key), allowed in CHOICES.items():
         value = merged[section][key]
         if value not in allowed:

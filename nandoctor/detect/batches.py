@@ -1,10 +1,12 @@
 """Batches out of a DataLoader that arrive already non-finite (phase `data`).
 
 Data loading runs without the per-op mode (collation is hundreds of small ops, and workers
-run in other processes anyway). When a batch is bad, the bad samples of a map-style dataset
-are fetched again in this process under the mode (`refetch`), so an op in `__getitem__`
-that made the NaN (`mask / mask.max()`) is found with its own line; otherwise the batch
-itself is reported, with its number, the bad rows and their dataset indices.
+run in other processes anyway). A bad batch is a suspect like any other non-finite value:
+it gets a record (its number, the bad rows and their dataset indices) and stops the run
+only if it reaches something that matters; a script that imputes it first runs on. The bad
+samples of a map-style dataset are fetched again in this process under the mode
+(`refetch`), so an op in `__getitem__` that made the NaN (`mask / mask.max()`) becomes the
+batch's parent in the lineage, with its own line.
 """
 from __future__ import annotations
 
@@ -12,29 +14,33 @@ from typing import Callable
 
 import torch
 
-from nandoctor.detect.boundaries import Stop
 from nandoctor.detect.mode import all_finite
 from nandoctor.detect.recorder import Recorder
-from nandoctor.detect.result import BatchOrigin, StopReason
+from nandoctor.detect.records import next_order
+from nandoctor.detect.result import BatchOrigin
 
 ROWS_KEPT = 20
 
 
 class BatchChecks:
-    def __init__(self, recorder: Recorder, stop: Stop, refetch: Callable[[object, tuple[int, ...]], None]) -> None:
+    def __init__(self, recorder: Recorder, refetch: Callable[[object, tuple[int, ...]], None]) -> None:
         self.recorder = recorder
-        self.stop = stop
         self.refetch = refetch  # fetch these samples again under the per-op mode
 
     def check(self, batch, batch_number: int, indices, dataset=None) -> None:
         for path, t in tensors_in(batch):
             if not all_finite(t):
                 origin = batch_origin(t, path, batch_number, indices)
+                mark = next_order()
                 if dataset is not None and origin.dataset_indices and hasattr(dataset, "__getitem__"):
-                    self.refetch(dataset, origin.dataset_indices)  # stops the run if an op made it
+                    self.refetch(dataset, origin.dataset_indices)
                 record = self.recorder.existing_or_bare(t, "", "data")
                 record.facts.batch = origin
-                self.stop(record, StopReason.BATCH)
+                made_here = self.recorder.first_birth_since(mark)
+                if made_here is not None:  # an op in __getitem__ made it: the batch's parent
+                    record.parents.append(made_here)
+                    record.facts.untracked_input = False
+                self.recorder.records.put(t, record)
 
 
 def tensors_in(batch, path: str = ""):

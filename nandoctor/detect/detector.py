@@ -15,6 +15,8 @@ When it stops, it raises `NonFiniteFound` into the script and `finding()` gives 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -23,7 +25,8 @@ from nandoctor.detect.batches import BatchChecks
 from nandoctor.detect.boundaries import BoundaryChecks
 from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
 from nandoctor.detect.lineage import explain
-from nandoctor.detect.mode import CheckingMode
+from nandoctor.detect.allow import Allowances
+from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.observer import NonFiniteFound, Observer, StepLimitReached
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
@@ -36,6 +39,7 @@ class Detector(Observer):
     """`with Detector(settings): run the script`; see the module docstring."""
 
     watches_data = True  # the data phase runs without the per-op mode, checked per batch
+    watches_reads = True  # .tolist(), .numpy() and printing (.item() is an op the mode sees)
 
     def __init__(self, run_settings, locator: SourceLocator | None = None) -> None:
         super().__init__(run_settings)
@@ -51,10 +55,11 @@ class Detector(Observer):
         self.records = RecordTable()
         self.flags = DeviceFlags(str(run_settings.get("device_flags", "auto")))
         self.passive = False  # True while nandoctor runs its own ops, and after a stop
-        self.recorder = Recorder(self.state, self.locator, self.modules, self.sites, self.records)
+        self.recorder = Recorder(self.state, self.locator, self.modules, self.sites, self.records,
+                                 Allowances(run_settings.get("allow", ())))
         self.deferred = DeferredOps(self.flags, self.recorder, self.stop_inf_dtypes)
         self.boundaries = BoundaryChecks(self.state, self.recorder, self.stop)
-        self.batches = BatchChecks(self.recorder, self.stop, self._refetch)
+        self.batches = BatchChecks(self.recorder, self._refetch)
         self.detection: Detection | None = None
         self.mode = CheckingMode(self)
         self._suspended = False
@@ -122,9 +127,25 @@ class Detector(Observer):
                 return
             record = self.recorder.op(func, args, kwargs, out, node, created_seq, intended, before)
         self.records.put(out, record)
-        reason = op_verdict(record.phase, record.has_nan, out.dtype, intended, self.stop_inf_dtypes)
+        reason = op_verdict(record.phase, record.has_nan, bool(record.output.posinf or record.output.neginf), out.dtype,
+                            accepted=record.intended, writes_parameter=record.facts.writes_parameter,
+                            stop_inf_dtypes=self.stop_inf_dtypes)
         if reason is not None:
             self.stop(record, reason)
+
+    def value_read(self, t: torch.Tensor, value: float | None = None) -> None:
+        """The script reads `t` back (`.item()` gave `value`; `.tolist()`, `.numpy()`, print):
+        a non-finite value it reads stops the run, with the lineage of where it was made."""
+        if self.passive or not (t.is_floating_point() or t.is_complex()) or t.is_meta:
+            return
+        self.read_flags()  # a deferred op made what is read: its flag names it
+        with self.internal():
+            finite = math.isfinite(value) if value is not None else all_finite(t)
+            if finite:
+                return
+            record = self.recorder.existing_or_bare(t, "", self.state.phase(None, (), self.modules.current))
+        if not record.intended:  # a -inf mask or an allowed line's value may be printed
+            self.stop(record, StopReason.READ_BACK)
 
     def defer(self, func, args, out: torch.Tensor, node, created_seq) -> None:
         """Queue a device-side flag for `out`: no sync now, read at the next boundary."""
@@ -142,6 +163,9 @@ class Detector(Observer):
             verdict = self.deferred.read()
         if verdict is not None:
             self.stop(*verdict)
+
+    def discarded(self):
+        return self.recorder.discarded()
 
     # -- the training boundaries (the observer protocol) ----------------------------------
 
@@ -176,7 +200,7 @@ class Detector(Observer):
             with self.internal():
                 self.boundaries.after_step(optimizer)
         self._resume()
-        self.deferred.inf_suspects.clear()
+        self.deferred.suspects.clear()
         try:
             super().after_optimizer_step(optimizer)
         except StepLimitReached:
@@ -199,8 +223,8 @@ class Detector(Observer):
                 self.batches.check(batch, batch_number, indices, dataset)
 
     def _refetch(self, dataset, indices) -> None:
-        """Fetch these samples again under the per-op mode: an op that makes the value
-        there stops the run with its own line. Best effort: the batch is reported anyway."""
+        """Fetch these samples again under the per-op mode, so the op that makes the value
+        there is recorded with its own line. Best effort: the batch is recorded anyway."""
         self.state.data_depth += 1
         self.passive = False
         self._resume()
@@ -222,11 +246,14 @@ class Detector(Observer):
         suspects: list[Record] = []
         if self.deferred.were_read and not event.inputs and event.facts.device_flag is None:
             # Found at a boundary in a run checked by device flags, which keep no lineage:
-            # a replay that checks each op at once finds the op; until then, the Infs the
-            # flags saw this step are the candidates.
+            # a replay that checks each op at once finds the op; until then, the suspects
+            # the flags saw this step are the candidates, the first NaN (else Inf) the root.
             needs_replay = True
-            suspects = self.deferred.inf_suspects
+            suspects = self.deferred.suspects
+            first = next((r for r in suspects if r.has_nan), suspects[0] if suspects else None)
+            if first is not None and not event.parents:
+                event.parents.append(first)
         self.passive = True
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
-                                 needs_replay=needs_replay, flagged_infs=suspects)
+                                 needs_replay=needs_replay, flagged_suspects=suspects)
         raise NonFiniteFound(reason.value)

@@ -116,9 +116,9 @@ def _accelerator_present() -> bool:
 
 class DeferredOps:
     """The detector's side of device flags: queue an op's flag with what names it later,
-    read them at a boundary and apply the same policy as a per-op check (a NaN outside
-    backward stops the run, an Inf is a suspect; inside backward both are suspects until a
-    gradient is still non-finite after `backward()`)."""
+    read them at a boundary and apply the same policy as a per-op check (policy.py). Every
+    flagged op outside backward is counted as made (flags cannot tell a value's birth from
+    the ops it flowed through)."""
 
     SUSPECTS_KEPT = 16
 
@@ -127,7 +127,7 @@ class DeferredOps:
         self.recorder = recorder
         self.stop_inf_dtypes = stop_inf_dtypes
         self.were_read = False  # some boundary read flags: this run keeps no lineage for them
-        self.inf_suspects: list = []  # records of this step's flagged Infs (the candidates)
+        self.suspects: list = []  # records of this step's flagged suspects (the candidates)
 
     def defer(self, func, args, out: torch.Tensor, node, created_seq) -> bool:
         """Queue a device-side flag for `out` (no sync now); True when it is time to read."""
@@ -150,11 +150,13 @@ class DeferredOps:
                 self.recorder.last_backward_order = next_order()
                 continue
             record = self._record(flag)
-            reason = op_verdict(record.phase, flag.has_nan, flag.entry.dtype, False, self.stop_inf_dtypes)
+            reason = op_verdict(record.phase, flag.has_nan, not flag.has_nan, flag.entry.dtype,
+                                stop_inf_dtypes=self.stop_inf_dtypes)
             if reason is not None:
                 return record, reason
-            if len(self.inf_suspects) < self.SUSPECTS_KEPT:
-                self.inf_suspects.append(record)
+            self.recorder.count_made(record)
+            if len(self.suspects) < self.SUSPECTS_KEPT:
+                self.suspects.append(record)
         return None
 
     def _record(self, flag: Flagged):

@@ -4,6 +4,8 @@ Each hook calls the observer (see observer.py for the protocol):
 
 - `torch.autograd.backward` / `torch.autograd.grad`: the loss, and the gradients after.
 - global optimizer step pre/post hooks: the step count, the optimizer phase, parameters.
+- `Tensor.tolist` / `numpy` / `__repr__`: values the script reads back (`.item()` is an op
+  the dispatch mode sees itself).
 - `_BaseDataLoaderIter.__next__`: the data phase, and each batch as it arrives (also from
   worker processes, whose own ops nandoctor cannot see).
 
@@ -31,6 +33,9 @@ class TrainingHooks:
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.observer.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
+        if self.observer.watches_reads:
+            for name in ("tolist", "numpy", "__repr__"):
+                self._patch(torch.Tensor, name, self._wrap_read)
         if self.observer.watches_data:
             self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
             self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
@@ -69,6 +74,17 @@ class TrainingHooks:
             return result
 
         return grad
+
+    def _wrap_read(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def read(tensor, *args, **kwargs):
+            if type(tensor) is torch.Tensor or isinstance(tensor, torch.nn.Parameter):
+                observer.value_read(tensor)
+            return original(tensor, *args, **kwargs)
+
+        return read
 
     def _wrap_optimizer_init(self, original):
         observer = self.observer

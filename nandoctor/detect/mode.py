@@ -107,8 +107,11 @@ class CheckingMode(TorchDispatchMode):
                 d.on_nonfinite(func, args, kwargs, out, node, created, intended=True)
             elif d.records and is_inplace(func) and isinstance(out, torch.Tensor):
                 d.records.forget(out)  # overwritten with finite values: no longer non-finite
-        elif kind is OpKind.PASSTHROUGH and d.records:
-            d.carry(args, out)
+        elif kind is OpKind.PASSTHROUGH:
+            if d.records:
+                d.carry(args, out)
+        elif kind is OpKind.READ and isinstance(out, float) and not math.isfinite(out):
+            d.value_read(args[0], out)
         return out
 
     def _check(self, func, args, kwargs, out, node, created, before) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nandoctor.detect.result import Detection, History, WatchFinding
+from nandoctor.detect.result import Detection, Discarded, History, WatchFinding
 from nandoctor.detect.state import TrainingState
 
 
@@ -28,8 +28,10 @@ class StepLimitReached(BaseException):
 class Observer:
     """Base of every observer; see the module docstring."""
 
-    # DataLoader hooks are installed only for observers that check batches.
+    # DataLoader hooks are installed only for observers that check batches, and hooks on
+    # .tolist() / .numpy() / printing only for those that check values read back.
     watches_data: bool = False
+    watches_reads: bool = False
     # Set when the observer localised the op itself (the report is built from it); an
     # observer that only sees boundaries leaves it None and says what it saw in finding().
     detection: Detection | None = None
@@ -82,7 +84,14 @@ class Observer:
     def check_batch(self, batch, batch_number: int, indices, dataset=None) -> None:
         """A batch came out of a DataLoader (only when `watches_data`)."""
 
+    def value_read(self, t, value: float | None = None) -> None:
+        """The script reads a tensor's values back (only when `watches_reads`)."""
+
     # -- what it found ------------------------------------------------------------------
+
+    def discarded(self) -> list[Discarded]:
+        """Non-finite values that were made and never mattered (a clean run reports them)."""
+        return []
 
     def finding(self) -> Detection | WatchFinding | None:
         """What made the observer stop the run (for the run mode to conclude from); None

@@ -2,6 +2,8 @@
 
 The hot path costs one dict lookup per op to learn the op's kind:
 
+- READ: `_local_scalar_dense` (`.item()`, `float(t)`, formatting a 0-d tensor): a value
+  the script reads back, which a non-finite suspect must not reach.
 - UNINITIALISED: `empty*` results are whatever was in memory; checking them gives false
   alarms (they appear inside nn.TransformerEncoderLayer).
 - PASSTHROUGH: views, copies, indexing, concatenation, fills: they cannot turn finite
@@ -26,6 +28,7 @@ class OpKind(enum.Enum):
     PASSTHROUGH = "passthrough"
     FILL = "fill"  # passthrough, unless handed a non-finite scalar to write
     UNINITIALISED = "uninitialised"
+    READ = "read"  # a value copied to Python (`.item()`, `float(t)`): the script reads it back
 
 
 _UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
@@ -44,7 +47,7 @@ _PASSTHROUGH = {
     "tile", "zeros", "zeros_like", "ones", "ones_like", "zero_", "new_zeros", "new_ones",
     "arange", "_to_dense", "tril", "triu", "embedding", "nonzero", "topk", "sort", "max", "min",
     "amax", "amin", "relu", "relu_", "threshold_backward", "_reshape_alias", "set_", "resize_",
-    "_local_scalar_dense", "item", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+    "item", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
     "is_same_size", "_has_compatible_shallow_copy_type", "dropout", "native_dropout",
     "bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint",
     "randint_like", "uniform_", "normal_", "randperm",
@@ -56,6 +59,8 @@ _PASSTHROUGH = {
 FILL_OPS = {"full", "full_like", "new_full", "fill", "fill_", "masked_fill", "masked_fill_",
             "scalar_tensor", "where", "index_put", "index_put_", "scatter", "scatter_",
             "constant_pad_nd", "clamp", "clamp_min", "clamp_max", "maximum", "minimum"}
+
+_READS = {"_local_scalar_dense"}
 
 _kinds: dict[object, OpKind] = {}
 
@@ -78,6 +83,8 @@ def _classify(func) -> OpKind:
         return OpKind.UNINITIALISED
     if name in FILL_OPS:
         return OpKind.FILL
+    if name in _READS:
+        return OpKind.READ
     if name in _PASSTHROUGH or getattr(func, "is_view", False):
         return OpKind.PASSTHROUGH
     return OpKind.CHECKED_INPLACE if is_inplace(func) and not name.startswith("_foreach_") else OpKind.CHECKED

@@ -8,6 +8,7 @@ op's own facts). Nothing here decides whether to stop; see `policy.py`.
 """
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import torch
@@ -16,14 +17,24 @@ from nandoctor.detect.op_facts import collect_op_facts
 from nandoctor.detect.ops import is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.records import Record, RecordTable, storage_key
-from nandoctor.detect.result import OVERWRITTEN_SUFFIX, ParameterRef, SiteFacts
+from nandoctor.detect.allow import Allowances
+from nandoctor.detect.result import OVERWRITTEN_SUFFIX, Discarded, ParameterRef, SiteFacts
 from nandoctor.detect.state import TrainingState
 from nandoctor.stats import TensorSummary, summarize, summarize_number
 
+# Distinct sites whose discarded non-finite values are counted for the report.
+MADE_SITES_KEPT = 64
+
+
 class Recorder:
     def __init__(self, state: TrainingState, locator: SourceLocator, modules: ModuleTracker,
-                 sites: NodeSites, records: RecordTable) -> None:
+                 sites: NodeSites, records: RecordTable, allowances: Allowances | None = None) -> None:
         self.state = state
+        self.allowances = allowances or Allowances()
+        # (op, user frame) -> [count, made a NaN, allowed]: every birth of a non-finite value,
+        # for the report of a run in which none of them mattered.
+        self._made: dict[tuple, list] = {}
+        self._births: collections.deque[Record] = collections.deque(maxlen=64)  # the latest births
         self.locator = locator
         self.modules = modules
         self.sites = sites
@@ -57,12 +68,21 @@ class Recorder:
             node_name = type(node).__name__
         else:
             seq, where, module, node_name = created_seq, self.locator.user_frame(3), self.modules.current, None
+        written = self._written_parameter(func, args, kwargs)
+        if written is not None:
+            facts.writes_parameter = True
+            facts.parameter = facts.parameter or written
         output = summarize(out, "output")
         record = Record(
             op=op_name(func), phase=self.state.phase(node, args, self.modules.current), where=where, module=module,
             backward_node=node_name, node_seq=seq, step=self.state.step_or_none, output=output, inputs=inputs,
             parents=parents, has_nan=output.nan > 0, intended=intended, facts=facts,
         )
+        if origin and not intended and (record.phase != "backward" or facts.user_backward):
+            # A birth: count it, and treat a value made on an allowed line as intended.
+            record.intended = self.allowances.accepts(record.op, where)
+            self.count_made(record)
+            self._births.append(record)
         if record.phase == "backward":
             self.last_backward_order = record.order
         elif record.phase == "forward" and created_seq is not None and not intended:
@@ -96,6 +116,44 @@ class Recorder:
             facts.written_by_optimizer = True
         return parents, facts
 
+    def _written_parameter(self, func, args, kwargs) -> ParameterRef | None:
+        """The parameter or buffer this op wrote a non-finite value into, if any (an in-place
+        op on it, `load_state_dict`'s copy_, BatchNorm's running statistics)."""
+        for i, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            t = args[i] if i < len(args) else kwargs.get(argument.name)
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                continue
+            ref = self._parameter_of(t)
+            if ref is None and self.modules.parameter_name(t) is not None:
+                ref = self.parameter_ref(t)  # a buffer (running_mean)
+            if ref is not None and not bool(torch.isfinite(t).all()):
+                return ref
+        return None
+
+    def first_birth_since(self, order: int) -> Record | None:
+        """The earliest non-finite value born after `order` (not one written on purpose)."""
+        return next((r for r in self._births if r.order > order and not r.intended), None)
+
+    def count_made(self, record: Record) -> None:
+        """One more non-finite value born at this record's op and line."""
+        key = (record.op, record.where)
+        entry = self._made.get(key)
+        if entry is None:
+            if len(self._made) >= MADE_SITES_KEPT:
+                return
+            entry = self._made[key] = [0, False, record.intended]
+        entry[0] += 1
+        entry[1] = entry[1] or record.has_nan
+
+    def discarded(self) -> list[Discarded]:
+        """Every site that made non-finite values, most frequent first (for a run in which
+        none of them mattered)."""
+        made = sorted(self._made.items(), key=lambda item: -item[1][0])
+        return [Discarded(op, self.locator.location(where), "nan" if nan else "inf", count, allowed)
+                for (op, where), (count, nan, allowed) in made]
+
     def bare(self, op: str, t: torch.Tensor, phase: str) -> Record:
         """A record for a non-finite value no op of which was seen being made."""
         return Record(
@@ -110,7 +168,7 @@ class Recorder:
 
     def carry(self, args, out) -> None:
         """A view/copy/index of a recorded non-finite tensor carries its record along."""
-        source = next((self.records.get(a) for a in args if isinstance(a, torch.Tensor)), None)
+        source = next(filter(None, (self.records.get(a) for a in _tensors_of(args))), None)
         if source is None:
             return
         for item in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
@@ -137,6 +195,15 @@ class Recorder:
             for key in sorted(self.forward_by_node)[:-512]:
                 del self.forward_by_node[key]
         self.records.prune()
+
+
+def _tensors_of(args):
+    """The tensors among `args`, lists of tensors (cat, stack) included."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
 
 
 def _overwritten_name(func, tensors, out) -> str | None:

@@ -54,7 +54,8 @@ class StopReason(enum.Enum):
     GRADIENT_BEFORE_STEP = "gradient_before_step"  # a .grad the optimizer is about to use
     PARAMETER_BEFORE_STEP = "parameter_before_step"  # a parameter non-finite before any update
     UPDATE = "update"  # optimizer.step() made a parameter non-finite
-    BATCH = "batch"  # a DataLoader batch arrived non-finite
+    PARAMETER_WRITTEN = "parameter_written"  # an op wrote a non-finite value into a parameter or buffer
+    READ_BACK = "read_back"  # the script read a non-finite value (.item(), .tolist(), .numpy(), print)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class SiteFacts:
 
     parameter: ParameterRef | None = None  # the op wrote / the value is this parameter
     loads_parameter: bool = False  # a copy_ into a Parameter (load_state_dict)
+    writes_parameter: bool = False  # the op wrote its non-finite value into a parameter or buffer
     parameter_before_step: bool = False  # seen non-finite before the optimizer's first update of it
     written_by_optimizer: bool = False  # changed by optimizer.step(), outside the checked ops
     optimizer: str | None = None  # the optimizer's class
@@ -131,7 +133,7 @@ class SiteFacts:
             out["parameter_shape"] = list(p.shape)
             if p.group is not None:
                 out["parameter_position"] = [p.group, p.index]
-        for key in ("loads_parameter", "parameter_before_step", "written_by_optimizer", "untracked_input",
+        for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "written_by_optimizer", "untracked_input",
                     "user_backward"):
             if getattr(self, key):
                 out[key] = True
@@ -230,8 +232,30 @@ class Detection:
     # Only a seeded replay that checks every op at once can name the op or its values:
     # a device flag kept no values, or the optimizer's step was checked only at its end.
     needs_replay: bool = False
-    # Ops whose device flags saw an Inf this step: the candidates while no replay ran.
-    flagged_infs: list[Site] = field(default_factory=list)
+    # Ops whose device flags saw a non-finite value this step: the candidates while no replay ran.
+    flagged_suspects: list[Site] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Discarded:
+    """Non-finite values an op made that never mattered (nothing that counts read them):
+    where they were born, how many times, and whether a `# nandoctor: allow` or the
+    config's `run.allow` accepted the line."""
+
+    op: str
+    location: Location | None
+    made: DeviceFlag  # "nan" when any of them held a NaN, else "inf"
+    count: int
+    allowed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "location": self.location.to_dict() if self.location else None,
+                "made": self.made, "count": self.count, "allowed": self.allowed}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Discarded":
+        return cls(data["op"], Location.from_dict(data.get("location")), data["made"], data["count"],
+                   data.get("allowed", False))
 
 
 @dataclass

@@ -8,7 +8,7 @@ and returns the first cause that applies, or `unknown` with the facts that were 
 """
 from __future__ import annotations
 
-from nandoctor.detect.result import Detection, History
+from nandoctor.detect.result import Detection, Discarded, History
 from nandoctor.diagnose import rules as _rules  # noqa: F401  (registers every rule)
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence
@@ -19,24 +19,28 @@ from nandoctor.report.model import Cause, RunReport
 
 def build_report(script: str, *, exit_code: int, mode: str = "trace", detection: Detection | None = None,
                  error: BaseException | None = None, step: int | None = None,
-                 history: History | None = None, stopped_by: str | None = None) -> RunReport:
+                 history: History | None = None, stopped_by: str | None = None,
+                 discarded: list[Discarded] = ()) -> RunReport:
     """The report of one run: nonfinite when there is a detection, else script_error when
-    the script raised, else clean."""
+    the script raised, else clean (saying which non-finite values were made and discarded)."""
     history = history or History()
-    common = dict(script=script, step=step, mode=mode, history=history, stopped_by=stopped_by)
+    common = dict(script=script, step=step, mode=mode, history=history, stopped_by=stopped_by,
+                  discarded=list(discarded))
     if detection is not None:
         report = RunReport(status="nonfinite", exit_code=int(ExitCode.FOUND), event=detection.event, root=detection.root,
                            lineage=detection.lineage, reason=words.stop_reason(detection.reason, detection.event),
                            **common)
         report.cause = diagnose(Evidence.of(detection, history, step))
-        if detection.flagged_infs:
-            report.notes.append("device flags saw an Inf this step in: "
-                                + "; ".join(words.site_brief(s) for s in detection.flagged_infs))
+        if detection.flagged_suspects:
+            report.notes.append("device flags saw a non-finite value this step in: "
+                                + "; ".join(words.site_brief(s) for s in detection.flagged_suspects))
         return report
     if error is not None:
         return RunReport(status="script_error", exit_code=exit_code,
                          error={"type": type(error).__name__, "message": str(error)}, **common)
-    return RunReport(status="clean", exit_code=exit_code, **common)
+    report = RunReport(status="clean", exit_code=exit_code, **common)
+    report.notes += words.discarded_notes(report.discarded)
+    return report
 
 
 def diagnose(ev: Evidence) -> Cause:

@@ -2,7 +2,7 @@
 an intended Inf was written. Used by the rules and by the report's stop reason."""
 from __future__ import annotations
 
-from nandoctor.detect.result import ParameterRef, Site, SiteFacts, StopReason
+from nandoctor.detect.result import Discarded, ParameterRef, Site, SiteFacts, StopReason
 
 
 def parameter(ref: ParameterRef | None) -> str:
@@ -55,11 +55,35 @@ def stop_reason(reason: StopReason, event: Site) -> str:
         return "a parameter is non-finite before the optimizer step"
     if reason is StopReason.UPDATE:
         return f"optimizer.step() ({facts.optimizer}) made a parameter non-finite"
-    if reason is StopReason.BATCH:
-        return f"batch {facts.batch.number} from the DataLoader is non-finite"
+    if reason is StopReason.PARAMETER_WRITTEN:
+        return f"a non-finite value was written into {parameter_phrase(facts.parameter)}"
+    if reason is StopReason.READ_BACK:
+        return "the script read a non-finite value back (.item(), .tolist(), .numpy() or print)"
     raise ValueError(f"no words for {reason}")
 
 
 def site_brief(site: Site) -> str:
     """`aten.div.Tensor at model.py:12`."""
     return f"{site.op} at {site.location}" if site.location else site.op
+
+
+def discarded_notes(discarded: list[Discarded], listed: int = 5) -> list[str]:
+    """For a clean run: the non-finite values that were made and never mattered, and the
+    ones the user allowed, each by where they were born, most frequent first."""
+    notes = []
+    for allowed, head in ((False, "made and discarded (none reached the loss, a gradient, a parameter or a "
+                                  "value the script read)"),
+                          (True, "made on lines you allowed (`# nandoctor: allow` or run.allow)")):
+        group = [d for d in discarded if d.allowed == allowed]
+        if not group:
+            continue
+        total = sum(d.count for d in group)
+        sites = "; ".join(_discarded_site(d) for d in group[:listed])
+        more = f"; and {len(group) - listed} more places" if len(group) > listed else ""
+        notes.append(f"{total} non-finite value{'s were' if total != 1 else ' was'} {head}: {sites}{more}.")
+    return notes
+
+
+def _discarded_site(d: Discarded) -> str:
+    where = f" at {d.location}" if d.location else ""
+    return f"{d.op}{where} ({'NaN' if d.made == 'nan' else 'Inf'} ×{d.count})"

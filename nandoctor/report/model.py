@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nandoctor.detect.result import History, Location, Site, SiteFacts
+from nandoctor.detect.result import Discarded, History, Location, Site, SiteFacts
 
 SCHEMA = "nandoctor.run/1"
 
-__all__ = ["SCHEMA", "Cause", "History", "Location", "RunReport", "Site", "SiteFacts"]
+__all__ = ["SCHEMA", "Cause", "Discarded", "History", "Location", "RunReport", "Site", "SiteFacts"]
 
 OpSite = Site  # TRANSITIONAL: renderers are being moved; removed once they use Site
 
@@ -53,6 +53,8 @@ class RunReport:
     reproduced: bool | None = None  # watch mode: did the failure come back under trace?
     weights_clean: bool | None = None  # watch mode: stopped before a bad update was applied
     stopped_by: str | None = None  # e.g. "max_steps"
+    # Non-finite values that were made and never mattered, by where they were born.
+    discarded: list[Discarded] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunReport":
@@ -68,6 +70,7 @@ class RunReport:
             history=History.from_dict(data.get("history")), error=data.get("error"),
             notes=list(data.get("notes") or []), reproduced=data.get("reproduced"),
             weights_clean=data.get("weights_clean"), stopped_by=data.get("stopped_by"),
+            discarded=[Discarded.from_dict(d) for d in data.get("discarded") or []],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +91,7 @@ class RunReport:
             "reproduced": self.reproduced,
             "weights_clean": self.weights_clean,
             "stopped_by": self.stopped_by,
+            "discarded": [d.to_dict() for d in self.discarded],
         }
 
     def _site_dict(self, site: Site | None) -> dict[str, Any] | None:

@@ -1,10 +1,12 @@
 """The detection model: what stops a run, what is only a suspect, and where the root is."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import detect
+from helpers import detect, read_back
+from nandoctor.detect.result import StopReason
 
 
 def line_of(marker: str) -> int:
@@ -18,14 +20,48 @@ def line_of(marker: str) -> int:
 
 
 class TestForward:
-    def test_a_forward_nan_stops_at_the_op_that_made_it(self):
+    def test_a_forward_nan_that_is_read_back_stops_with_the_op_that_made_it_as_root(self):
         x = torch.tensor([1.0, -2.0])
-        result = detect(lambda: torch.log(x))  # MARK-log
-        assert result.stopped
+
+        def run():
+            y = torch.log(x)  # MARK-log
+            print((y * 2).tolist())
+
+        result = detect(run)
+        assert result.stopped and result.detection.reason is StopReason.READ_BACK
         root = result.detection.root
         assert root.op == "aten.log.default" and root.phase == "init"
         assert root.location.line == line_of("MARK-log")
         assert root.inputs[0].negatives == 1 and root.output.nan == 1
+        assert result.detection.event.op == "aten.mul.Tensor"
+
+    @pytest.mark.parametrize("read", [lambda t: t.sum().item(), lambda t: float(t[1]), lambda t: t.numpy(),
+                                      lambda t: repr(t), lambda t: f"{t.sum():.3f}"])
+    def test_every_way_of_reading_a_value_back_counts(self, read):
+        result = detect(lambda: read(torch.log(torch.tensor([1.0, -2.0]))))
+        assert result.stopped and result.detection.reason is StopReason.READ_BACK
+        assert result.detection.root.op == "aten.log.default"
+
+    def test_a_nan_that_is_discarded_never_stops_the_run_and_is_counted(self):
+        def metric():
+            with torch.no_grad():
+                p = torch.tensor([0.5, 0.0, 0.5])
+                entropy = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum()  # MARK-entropy
+            return entropy.item()
+
+        result = detect(metric)
+        assert not result.stopped
+        # Counted where they were born: log(0) = -inf (0 * -inf = NaN downstream is its consequence).
+        [born] = result.detector.discarded()
+        assert (born.op, born.location.line, born.made, born.count) == \
+            ("aten.log.default", line_of("MARK-entropy"), "inf", 1)
+
+    def test_nan_to_num_and_nanmean_discard_what_they_replace(self):
+        def impute():
+            x = torch.tensor([1.0, float("nan"), 3.0]) * 2
+            return torch.nan_to_num(x).sum().item() + x.nanmean().item()
+
+        assert not detect(impute).stopped
 
     def test_an_inf_alone_is_only_a_suspect(self):
         result = detect(lambda: torch.exp(torch.tensor([1000.0])) * 2)
@@ -48,7 +84,7 @@ class TestForward:
 
     def test_lineage_goes_from_root_to_symptom(self):
         z = torch.tensor([[1000.0, 0.0]])
-        result = detect(lambda: torch.exp(z) / torch.exp(z).sum(dim=1, keepdim=True))
+        result = detect(lambda: read_back(torch.exp(z) / torch.exp(z).sum(dim=1, keepdim=True)))
         d = result.detection
         assert d.root.op == "aten.exp.default"
         assert d.event.op == "aten.div.Tensor" and d.event.output.nan == 1
@@ -194,6 +230,7 @@ class TestInPlaceOps:
             x = torch.ones(3, 2)
             x[0] = 0
             x[0] /= 0
+            read_back(x)
 
         root = detect(zero_over_zero).detection.root
         names = {s.name: s for s in root.inputs}
@@ -207,6 +244,7 @@ class TestInPlaceOps:
             x = torch.tensor([1.0, -1.0])
             y = x.log()  # MARK-log-first
             y.mul_(2)
+            read_back(y)
 
         d = detect(twice).detection
         assert d.root.op == "aten.log.default" and d.root.location.line == line_of("MARK-log-first")
@@ -222,7 +260,7 @@ class TestPhasesAndSteps:
                 opt.zero_grad()
                 F.mse_loss(model(torch.ones(4, 2)), torch.zeros(4, 1)).backward()
                 opt.step()
-            torch.log(torch.tensor([-1.0]))
+            read_back(torch.log(torch.tensor([-1.0])))
 
         result = detect(train)
         assert result.detector.state.step == 3
@@ -235,7 +273,7 @@ class TestPhasesAndSteps:
                 return torch.log(x)
 
         model = torch.nn.Sequential(torch.nn.Identity(), Head())
-        d = detect(lambda: model(torch.tensor([-1.0]))).detection
+        d = detect(lambda: read_back(model(torch.tensor([-1.0])))).detection
         assert d.root.module == "1"
 
     def test_a_nan_inside_dataset_getitem_is_phase_data(self):
@@ -248,24 +286,40 @@ class TestPhasesAndSteps:
                 return m / m.max()
 
         def load():
-            for _ in torch.utils.data.DataLoader(Data(), batch_size=2):
-                pass
+            for batch in torch.utils.data.DataLoader(Data(), batch_size=2):
+                read_back(batch.sum())
 
         d = detect(load).detection
         assert d.root.phase == "data" and d.root.op == "aten.div.Tensor"
+        assert d.lineage[1].op == "" and d.lineage[1].facts.batch.dataset_indices == (2,)
 
     def test_a_batch_arriving_non_finite_names_the_dataset_indices(self):
         data = torch.ones(6, 2)
         data[4, 1] = float("nan")
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=3)
 
-        def load():
-            for _ in loader:
-                pass
+        model = torch.nn.Linear(2, 1)
 
-        d = detect(load, check_batches=True).detection
+        def train():
+            for (x,) in loader:
+                model(x).sum().backward()
+
+        d = detect(train, check_batches=True).detection
+        assert d.reason is StopReason.LOSS
         assert d.root.phase == "data" and d.root.op == ""
         assert d.root.facts.batch.number == 1 and d.root.facts.batch.dataset_indices == (4,)
+
+    def test_near_miss_a_non_finite_batch_the_script_imputes_is_clean(self):
+        data = torch.ones(6, 2)
+        data[4, 1] = float("nan")
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=3)
+        model = torch.nn.Linear(2, 1)
+
+        def train():
+            for (x,) in loader:
+                model(torch.nan_to_num(x, nan=0.0)).sum().backward()
+
+        assert not detect(train, check_batches=True).stopped
 
     def test_max_steps_stops_cleanly(self):
         from nandoctor.detect.observer import StepLimitReached
@@ -286,3 +340,36 @@ class TestPhasesAndSteps:
         except StepLimitReached:
             pass
         assert steps == [0]  # stopped inside the second step() call
+
+
+class TestAllowedLines:
+    def test_a_line_marked_allow_is_accepted_and_counted_as_allowed(self):
+        def metric():
+            ratio = torch.tensor([1.0, 0.0]) / torch.tensor([2.0, 0.0])  # nandoctor: allow
+            print(ratio.tolist())
+
+        result = detect(metric)
+        assert not result.stopped
+        [allowed] = result.detector.discarded()
+        assert allowed.allowed and allowed.op == "aten.div.Tensor" and allowed.made == "nan"
+
+    def test_the_config_allows_a_file_line_or_an_op_pattern(self):
+        line = line_of("MARK-config-allow")
+
+        def metric():
+            print((torch.tensor([0.0]) / 0).tolist())  # MARK-config-allow
+
+        assert not detect(metric, allow=[f"test_detector.py:{line}"]).stopped
+        assert not detect(metric, allow=["aten.div.*"]).stopped
+        assert detect(metric, allow=["aten.log.*"]).stopped
+
+    def test_an_allowed_value_that_reaches_the_loss_still_stops_the_run(self):
+        w = torch.nn.Parameter(torch.ones(2))
+
+        def train():
+            bad = torch.log(w - 1)  # nandoctor: allow
+            (w * bad).sum().backward()
+
+        d = detect(train).detection
+        assert d is not None and d.reason is StopReason.LOSS
+        assert d.root.facts.inf_written_at.line == line_of("bad = torch.log(w - 1)")

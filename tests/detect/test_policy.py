@@ -10,14 +10,23 @@ from nandoctor.detect.result import StopReason
 STOP_F16 = {torch.float16}
 
 
-@pytest.mark.parametrize("phase, has_nan, dtype, intended, verdict", [
-    ("forward", True, torch.float32, False, StopReason.OP_MADE_NAN),
-    ("data", True, torch.float32, False, StopReason.OP_MADE_NAN),
-    ("forward", False, torch.float32, False, None),  # an Inf is a suspect until it matters
-    ("forward", False, torch.float16, False, StopReason.OP_MADE_INF),  # ...unless its dtype is listed
-    ("optimizer", False, torch.float32, False, StopReason.OP_MADE_INF),  # an Inf in optimizer state matters
-    ("backward", True, torch.float32, False, None),  # autograd masks NaN/Inf internally: gradients decide
-    ("forward", False, torch.float16, True, None),  # a -inf mask written on purpose
+@pytest.mark.parametrize("phase, has_nan, has_inf, dtype, accepted, writes_parameter, verdict", [
+    # A NaN or an Inf in forward or data is a suspect until it reaches something that matters.
+    ("forward", True, False, torch.float32, False, False, None),
+    ("data", True, False, torch.float32, False, False, None),
+    ("forward", False, True, torch.float32, False, False, None),
+    # ...unless it is an Inf in a dtype listed to stop on,
+    ("forward", False, True, torch.float16, False, False, StopReason.OP_MADE_INF),
+    ("forward", True, False, torch.float16, False, False, None),  # (a NaN in float16 is a suspect)
+    # ...or it is made inside the optimizer, or written into a parameter or buffer.
+    ("optimizer", False, True, torch.float32, False, False, StopReason.OP_MADE_INF),
+    ("optimizer", True, True, torch.float32, False, False, StopReason.OP_MADE_NAN),
+    ("init", True, False, torch.float32, False, True, StopReason.PARAMETER_WRITTEN),
+    # Autograd masks NaN/Inf inside its formulas: the gradients decide.
+    ("backward", True, False, torch.float32, False, False, None),
+    # A -inf mask written on purpose, or a line the user allowed.
+    ("forward", False, True, torch.float16, True, False, None),
 ])
-def test_op_verdict(phase, has_nan, dtype, intended, verdict):
-    assert op_verdict(phase, has_nan, dtype, intended, STOP_F16) is verdict
+def test_op_verdict(phase, has_nan, has_inf, dtype, accepted, writes_parameter, verdict):
+    assert op_verdict(phase, has_nan, has_inf, dtype, accepted=accepted, writes_parameter=writes_parameter,
+                      stop_inf_dtypes=STOP_F16) is verdict
