@@ -6,7 +6,7 @@ It wires the pieces together and owns the lifecycle; each piece is small:
 - `recorder.Recorder`: records of non-finite values, on the rare path;
 - `policy`: when a non-finite op output stops the run and when it is a suspect;
 - `boundaries.BoundaryChecks`: the loss, the gradients, the optimizer's step;
-- `batches.BatchChecks`: batches that arrive non-finite;
+- `batches.BatchChecks`: batches that arrive non-finite; `saved`: values through torch.save/load;
 - `device_flags.DeferredOps`: per-op flags kept on an accelerator, read at boundaries;
 - `lineage.explain`: from the record where it stopped to the root, as a `Detection`.
 
@@ -33,13 +33,14 @@ from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.records import Record, RecordTable
 from nandoctor.detect.result import Detection, StopReason
+from nandoctor.detect.saved import SavedValues
 
 
 class Detector(Observer):
     """`with Detector(settings): run the script`; see the module docstring."""
 
     watches_data = True  # the data phase runs without the per-op mode, checked per batch
-    watches_reads = True  # .tolist(), .numpy() and printing (.item() is an op the mode sees)
+    watches_values = True  # where values leave torch and enter it (see hooks.py)
 
     def __init__(self, run_settings, locator: SourceLocator | None = None) -> None:
         super().__init__(run_settings)
@@ -60,6 +61,7 @@ class Detector(Observer):
         self.deferred = DeferredOps(self.flags, self.recorder, self.stop_inf_dtypes)
         self.boundaries = BoundaryChecks(self.state, self.recorder, self.stop)
         self.batches = BatchChecks(self.recorder, self._refetch)
+        self.saved = SavedValues(self.records)
         self.detection: Detection | None = None
         self.mode = CheckingMode(self)
         self._suspended = False
@@ -143,7 +145,7 @@ class Detector(Observer):
             finite = math.isfinite(value) if value is not None else all_finite(t)
             if finite:
                 return
-            record = self.recorder.existing_or_bare(t, "", self.state.phase(None, (), self.modules.current))
+            record = self.recorder.existing_or_bare(t, "", self.state.phase(None, (), self.modules.current, self.modules.building))
         if not record.intended:  # a -inf mask or an allowed line's value may be printed
             self.stop(record, StopReason.READ_BACK)
 
@@ -163,6 +165,25 @@ class Detector(Observer):
             verdict = self.deferred.read()
         if verdict is not None:
             self.stop(*verdict)
+
+    def value_entered(self, t, op: str) -> None:
+        """A tensor entered torch from outside (`torch.tensor`, `from_numpy`, `as_tensor`):
+        a non-finite one is born here, at this line, as input data."""
+        if self.passive or not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.is_meta:
+            return
+        with self.internal():
+            if all_finite(t):
+                return
+            record = self.recorder.entered(op, t, self.state.phase(None, (), None, self.modules.building))
+        self.records.put(t, record)
+
+    def saving(self, obj) -> None:
+        with self.internal():
+            self.saved.saving(obj)
+
+    def loaded(self, obj) -> None:
+        with self.internal():
+            self.saved.loaded(obj)
 
     def discarded(self):
         return self.recorder.discarded()

@@ -5,7 +5,8 @@ Each hook calls the observer (see observer.py for the protocol):
 - `torch.autograd.backward` / `torch.autograd.grad`: the loss, and the gradients after.
 - global optimizer step pre/post hooks: the step count, the optimizer phase, parameters.
 - `Tensor.tolist` / `numpy` / `__repr__`: values the script reads back (`.item()` is an op
-  the dispatch mode sees itself).
+  the dispatch mode sees itself); `torch.from_numpy` / `as_tensor`: values entering torch
+  from outside; `torch.save` / `torch.load`: values that go through a file or buffer.
 - `_BaseDataLoaderIter.__next__`: the data phase, and each batch as it arrives (also from
   worker processes, whose own ops nandoctor cannot see).
 
@@ -33,9 +34,13 @@ class TrainingHooks:
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.observer.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
-        if self.observer.watches_reads:
+        if self.observer.watches_values:
             for name in ("tolist", "numpy", "__repr__"):
                 self._patch(torch.Tensor, name, self._wrap_read)
+            for name in ("from_numpy", "as_tensor"):
+                self._patch(torch, name, self._wrap_entry)
+            self._patch(torch, "save", self._wrap_save)
+            self._patch(torch, "load", self._wrap_load)
         if self.observer.watches_data:
             self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
             self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
@@ -85,6 +90,38 @@ class TrainingHooks:
             return original(tensor, *args, **kwargs)
 
         return read
+
+    def _wrap_entry(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def entry(*args, **kwargs):
+            tensor = original(*args, **kwargs)
+            observer.value_entered(tensor, "")  # no ATen op made it: it shares numpy's memory
+            return tensor
+
+        return entry
+
+    def _wrap_save(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def save(obj, *args, **kwargs):
+            observer.saving(obj)
+            return original(obj, *args, **kwargs)
+
+        return save
+
+    def _wrap_load(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def load(*args, **kwargs):
+            obj = original(*args, **kwargs)
+            observer.loaded(obj)
+            return obj
+
+        return load
 
     def _wrap_optimizer_init(self, original):
         observer = self.observer

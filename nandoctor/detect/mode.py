@@ -110,8 +110,11 @@ class CheckingMode(TorchDispatchMode):
         elif kind is OpKind.PASSTHROUGH:
             if d.records:
                 d.carry(args, out)
-        elif kind is OpKind.READ and isinstance(out, float) and not math.isfinite(out):
-            d.value_read(args[0], out)
+        elif kind is OpKind.READ:
+            if isinstance(out, float) and not math.isfinite(out):
+                d.value_read(args[0], out)
+        elif kind is OpKind.ENTRY and isinstance(out, torch.Tensor) and not _finite(out):
+            d.value_entered(out, str(func))
         return out
 
     def _check(self, func, args, kwargs, out, node, created, before) -> None:

@@ -28,10 +28,11 @@ class StepLimitReached(BaseException):
 class Observer:
     """Base of every observer; see the module docstring."""
 
-    # DataLoader hooks are installed only for observers that check batches, and hooks on
-    # .tolist() / .numpy() / printing only for those that check values read back.
+    # DataLoader hooks are installed only for observers that check batches; hooks where
+    # values leave torch (.tolist(), .numpy(), printing, torch.save) or enter it
+    # (torch.from_numpy, torch.as_tensor, torch.load) only for those that follow values.
     watches_data: bool = False
-    watches_reads: bool = False
+    watches_values: bool = False
     # Set when the observer localised the op itself (the report is built from it); an
     # observer that only sees boundaries leaves it None and says what it saw in finding().
     detection: Detection | None = None
@@ -85,7 +86,16 @@ class Observer:
         """A batch came out of a DataLoader (only when `watches_data`)."""
 
     def value_read(self, t, value: float | None = None) -> None:
-        """The script reads a tensor's values back (only when `watches_reads`)."""
+        """The script reads a tensor's values back (only when `watches_values`)."""
+
+    def value_entered(self, t, op: str) -> None:
+        """A tensor entered torch from outside (numpy, a file) (only when `watches_values`)."""
+
+    def saving(self, obj) -> None:
+        """torch.save is about to write `obj` (only when `watches_values`)."""
+
+    def loaded(self, obj) -> None:
+        """torch.load returned `obj` (only when `watches_values`)."""
 
     # -- what it found ------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ The hot path costs one dict lookup per op to learn the op's kind:
 
 - READ: `_local_scalar_dense` (`.item()`, `float(t)`, formatting a 0-d tensor): a value
   the script reads back, which a non-finite suspect must not reach.
+- ENTRY: `lift_fresh` (`torch.tensor([...])`): values entering torch from Python, where a
+  non-finite value from outside is born.
 - UNINITIALISED: `empty*` results are whatever was in memory; checking them gives false
   alarms (they appear inside nn.TransformerEncoderLayer).
 - PASSTHROUGH: views, copies, indexing, concatenation, fills: they cannot turn finite
@@ -29,6 +31,7 @@ class OpKind(enum.Enum):
     FILL = "fill"  # passthrough, unless handed a non-finite scalar to write
     UNINITIALISED = "uninitialised"
     READ = "read"  # a value copied to Python (`.item()`, `float(t)`): the script reads it back
+    ENTRY = "entry"  # a tensor made from Python data (`torch.tensor([...])`): values enter torch
 
 
 _UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
@@ -39,7 +42,7 @@ _UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empt
 # writes a checkpoint's values into parameters, which is where a bad checkpoint shows.)
 # Fills, `where` and clamps pass values through too, but are in FILL_OPS below.
 _PASSTHROUGH = {
-    "detach", "alias", "clone", "contiguous", "lift_fresh", "lift_fresh_copy", "view",
+    "detach", "alias", "clone", "contiguous", "view",
     "_unsafe_view", "reshape", "expand", "expand_as", "t", "transpose", "permute", "squeeze",
     "unsqueeze", "select", "slice", "narrow", "as_strided", "unfold", "flatten", "unbind",
     "split", "split_with_sizes", "chunk", "view_as", "movedim", "diagonal", "index",
@@ -61,6 +64,7 @@ FILL_OPS = {"full", "full_like", "new_full", "fill", "fill_", "masked_fill", "ma
             "constant_pad_nd", "clamp", "clamp_min", "clamp_max", "maximum", "minimum"}
 
 _READS = {"_local_scalar_dense"}
+_ENTRIES = {"lift_fresh", "lift_fresh_copy"}
 
 _kinds: dict[object, OpKind] = {}
 
@@ -85,6 +89,8 @@ def _classify(func) -> OpKind:
         return OpKind.FILL
     if name in _READS:
         return OpKind.READ
+    if name in _ENTRIES:
+        return OpKind.ENTRY
     if name in _PASSTHROUGH or getattr(func, "is_view", False):
         return OpKind.PASSTHROUGH
     return OpKind.CHECKED_INPLACE if is_inplace(func) and not name.startswith("_foreach_") else OpKind.CHECKED

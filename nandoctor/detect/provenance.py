@@ -113,6 +113,7 @@ class ModuleTracker:
         self._parameter_names = WeakIdKeyDictionary()
         self._stack: list[str] = []
         self._handles: list = []
+        self.loading_state = 0  # > 0 inside Module.load_state_dict
 
     def install(self) -> None:
         from torch.nn.modules import module as nn_module
@@ -129,7 +130,11 @@ class ModuleTracker:
         def load_state_dict(module, *args, **kwargs):
             if module not in tracker._names:
                 tracker._name_tree(module)
-            return original(module, *args, **kwargs)
+            tracker.loading_state += 1
+            try:
+                return original(module, *args, **kwargs)
+            finally:
+                tracker.loading_state -= 1
 
         torch.nn.Module.load_state_dict = load_state_dict
         self._restore_load = lambda: setattr(torch.nn.Module, "load_state_dict", original)
@@ -147,6 +152,18 @@ class ModuleTracker:
     def parameter_name(self, tensor: torch.Tensor) -> str | None:
         """`encoder.layers.0.linear1.weight` for a parameter or buffer of a module that ran."""
         return self._parameter_names.get(tensor)
+
+    def building(self) -> bool:
+        """Is a module being set up: loading a state dict, or inside an nn.Module's
+        `__init__` (on the rare path only: it looks at the Python stack)?"""
+        if self.loading_state:
+            return True
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), torch.nn.Module):
+                return True
+            frame = frame.f_back
+        return False
 
     @property
     def current(self) -> str | None:

@@ -74,7 +74,7 @@ class Recorder:
             facts.parameter = facts.parameter or written
         output = summarize(out, "output")
         record = Record(
-            op=op_name(func), phase=self.state.phase(node, args, self.modules.current), where=where, module=module,
+            op=op_name(func), phase=self.state.phase(node, args, self.modules.current, self.modules.building), where=where, module=module,
             backward_node=node_name, node_seq=seq, step=self.state.step_or_none, output=output, inputs=inputs,
             parents=parents, has_nan=output.nan > 0, intended=intended, facts=facts,
         )
@@ -162,6 +162,13 @@ class Recorder:
             output=summarize(t, "value"), inputs=[], parents=[],
             has_nan=bool(torch.isnan(t).any()), facts=SiteFacts(untracked_input=True),
         )
+
+    def entered(self, op: str, t: torch.Tensor, phase: str) -> Record:
+        """The record of a value that entered torch non-finite: a birth, from outside."""
+        record = self.bare(op, t, phase)
+        self.count_made(record)
+        self._births.append(record)
+        return record
 
     def existing_or_bare(self, t: torch.Tensor, op: str, phase: str) -> Record:
         return self.records.get(t) or self.bare(op, t, phase)

@@ -50,18 +50,20 @@ class TrainingState:
         """The step count for a report: None while no optimizer exists (no steps to count)."""
         return self.step if self.optimizer_seen else None
 
-    def phase(self, node, args, module: str | None) -> str:
+    def phase(self, node, args, module: str | None, building=lambda: False) -> str:
+        """The phase of an op. Before training (an optimizer made, a batch drawn or a
+        backward run), an op inside a module's forward or one that builds an autograd graph
+        is forward; one that sets up the model — inside a module's `__init__`, touching a
+        parameter, loading a state dict (`building()`) — is init; anything else prepares
+        data (normalising a dataset up front, building targets)."""
         if node is not None:
             return "backward"
         if self.in_optimizer:
             return "optimizer"
         if self.data_depth:
             return "data"
-        # Setup (building the model, loading a checkpoint) ends when an optimizer is made,
-        # a batch is drawn, or a backward runs; an op inside a module's forward or one that
-        # builds an autograd graph is a forward pass even before that.
         if not self.training_started and module is None and not _builds_graph(args):
-            return "init"
+            return "init" if _touches_parameter(args) or building() else "data"
         return "forward"
 
     def optimizer_created(self) -> None:
@@ -77,6 +79,11 @@ class TrainingState:
         self.step += 1
         self.history.add(self.step, self.pending_loss, self.pending_grad_norm)
         self.pending_loss = self.pending_grad_norm = None
+
+
+def _touches_parameter(args) -> bool:
+    return any(isinstance(a, torch.nn.Parameter) or isinstance(getattr(a, "_base", None), torch.nn.Parameter)
+               for a in args)
 
 
 def _builds_graph(args) -> bool:

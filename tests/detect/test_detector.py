@@ -30,7 +30,7 @@ class TestForward:
         result = detect(run)
         assert result.stopped and result.detection.reason is StopReason.READ_BACK
         root = result.detection.root
-        assert root.op == "aten.log.default" and root.phase == "init"
+        assert root.op == "aten.log.default" and root.phase == "data"  # before training: preparing data
         assert root.location.line == line_of("MARK-log")
         assert root.inputs[0].negatives == 1 and root.output.nan == 1
         assert result.detection.event.op == "aten.mul.Tensor"
@@ -181,6 +181,55 @@ class TestBackward:
         result = detect(train)
         assert result.stopped
         assert torch.isfinite(w).all(), "the bad update must not have been applied"
+
+
+class TestSetupPhases:
+    """Before training, setting up the model is init; everything else prepares data."""
+
+    def test_an_op_inside_a_module_init_is_init(self):
+        class Scaled(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = torch.nn.Parameter(torch.log(torch.tensor([-1.0])))  # MARK-init-log
+                read_back(self.scale)
+
+        d = detect(Scaled).detection
+        assert d.root.op == "aten.log.default" and d.root.phase == "init"
+
+    def test_an_op_on_a_parameter_before_training_is_init(self):
+        w = torch.nn.Parameter(torch.ones(2))
+
+        def init():
+            with torch.no_grad():
+                w.div_(0)  # writes the parameter: stops at once
+
+        d = detect(init).detection
+        assert d.root.phase == "init" and d.reason is StopReason.PARAMETER_WRITTEN
+
+    def test_a_value_entering_torch_non_finite_is_rooted_where_it_entered(self):
+        import numpy as np
+
+        def prepare():
+            x = torch.from_numpy(np.array([1.0, np.nan], dtype=np.float32))  # MARK-entry
+            read_back(x * 2)
+
+        d = detect(prepare).detection
+        assert d.root.op == "" and d.root.phase == "data" and d.root.facts.untracked_input
+        assert d.root.location.line == line_of("MARK-entry")
+
+    def test_a_nan_through_torch_save_and_load_keeps_its_root(self):
+        import io
+
+        def cache():
+            mask = torch.zeros(4)
+            normalised = mask / mask.max()  # MARK-cache
+            buffer = io.BytesIO()
+            torch.save({"masks": normalised}, buffer)
+            buffer.seek(0)
+            read_back(torch.load(buffer)["masks"] + 1)
+
+        d = detect(cache).detection
+        assert d.root.op == "aten.div.Tensor" and d.root.location.line == line_of("MARK-cache")
 
 
 class TestUserCodeInsideBackward:

@@ -292,10 +292,12 @@ class TestBackwardRulesTorchNowMasks:
 
 def test_a_nan_copied_into_a_parameter_no_module_owns_is_described_by_its_shape():
     w = torch.nn.Parameter(torch.ones(3))
+    source = torch.tensor([1.0, 5.0, 2.0])
+    source.numpy()[1] = float("nan")  # written behind torch's back, as a loader's buffer would be
 
     def load():
         with torch.no_grad():
-            w.copy_(torch.tensor([1.0, float("nan"), 2.0]))
+            w.copy_(source)
 
     cause = cause_of(load)
     assert cause.id == "nonfinite_parameter"

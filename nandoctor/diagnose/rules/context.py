@@ -85,12 +85,16 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
             "Find and fix the samples: `nandoctor check-data <your data folder>` scans the files; in the Dataset, "
             "guard normalisations (`x / x.max()` of an all-zero sample) and drop or repair bad records.",
         )
-    if ev.facts.untracked_input and ev.root.phase in ("forward", "init") and ev.facts.parameter is None:
+    if ev.facts.untracked_input and ev.root.phase in ("forward", "init", "data") and ev.facts.parameter is None:
+        # Born where it entered torch (`torch.tensor`, `from_numpy`: no inputs), or first
+        # seen as an input of an op.
+        what = (f"the value entering torch holds {_bad(ev.output)}" if not ev.root.inputs else
+                f"an input to `{ev.op or 'the model'}` already held NaN/Inf that no torch op made: {_bad_inputs(ev)}")
         return Cause(
             "nonfinite_input_data",
             "an input was already non-finite when it reached torch",
-            f"At {ev.where} ({ev.code}) an input to `{ev.op or 'the model'}` already held NaN/Inf that no torch op "
-            f"made: {_bad_inputs(ev)}. It came from outside torch (numpy, a file, a tensor built from Python numbers).",
+            f"At {ev.where} ({ev.code}) {what}. It came from outside torch (numpy, pandas, a file, a tensor built "
+            "from Python numbers).",
             "Check the data before it reaches the model (`nandoctor check-data`), and where it is built: "
             "`assert torch.isfinite(x).all()` after loading, or `torch.nan_to_num` if missing values are expected.",
         )
