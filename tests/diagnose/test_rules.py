@@ -183,6 +183,15 @@ class TestRootsAndDomains:
         cause = cause_of(lambda: (p.norm() ** 0.5).backward())
         assert cause.id == "pow_invalid" and "x ** p with p < 1" in cause.title
 
+    def test_hypot_at_the_origin_is_a_norm_of_zero(self):
+        p = torch.nn.Parameter(torch.tensor([0.0, 3.0]))
+        cause = cause_of(lambda: torch.hypot(p, p * 0).sum().backward())
+        assert cause.id == "norm_zero_backward"
+
+    def test_near_miss_hypot_away_from_the_origin(self):
+        p = torch.nn.Parameter(torch.tensor([1.0, 3.0]))
+        assert stays_clean(lambda: torch.hypot(p, p * 0).sum().backward())
+
     def test_near_miss_norm_of_a_zero_vector_alone_has_a_finite_gradient(self):
         p = torch.nn.Parameter(torch.zeros(3))
         assert stays_clean(lambda: torch.linalg.vector_norm(p).backward())

@@ -222,7 +222,7 @@ def atan2_zero_backward(ev: Evidence) -> Cause | None:
     )
 
 
-@op_rule(nodes=("NormBackward", "LinalgVectorNormBackward"))
+@op_rule(nodes=("NormBackward", "LinalgVectorNormBackward", "HypotBackward"))
 def norm_zero_backward(ev: Evidence) -> Cause | None:
     return Cause(
         "norm_zero_backward",
