@@ -1,16 +1,19 @@
-"""The two consoles: stdout for reports, stderr for nandoctor's own messages.
+"""The consoles: one for a report on a given stream, stderr for nandoctor's own messages.
 
-Colour follows rich's rules: none when the stream is not a terminal, none with NO_COLOR.
+Colour follows rich's rules, per stream: none when the stream is not a terminal, none with
+NO_COLOR. Consoles are made per call, not at import, so a test's redirected streams are
+honoured.
 """
 import sys
+from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
 
 
-def stdout_console() -> Console:
-    # Made per call, not at import, so a test's redirected sys.stdout is honoured.
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+def report_console(stream: TextIO) -> Console:
+    """The console a report is rendered with, for the stream it will be written to."""
+    return Console(file=stream, highlight=False, soft_wrap=False)
 
 
 def stderr_console() -> Console:

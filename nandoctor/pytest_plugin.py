@@ -1,6 +1,7 @@
 """pytest plugin: `pytest --nandoctor` runs each test under nandoctor's per-op NaN/Inf detector.
 
-A test whose tensors turn non-finite fails with the root op, its source line, the phase and
+A test that makes a NaN (anywhere, also one it discards) or lets an Inf reach a loss, a
+gradient or a value it reads fails with the root op, its source line, the phase and
 the cause with its fix, instead of passing silently or failing later on a bad assertion.
 
     pytest --nandoctor                          # every test
@@ -87,26 +88,28 @@ class _DetectorPlugin:
                 result = yield
         except NonFiniteFound:
             result = None
-        if detector.detection is not None:
-            # Also when the test swallowed the stop (`except BaseException`): the value was there.
-            report = _build_report(item, detector)
+        # A test is stricter than a training run: any NaN it made fails it, also one it then
+        # discarded; the stop (also when the test swallowed it) comes first.
+        detection = detector.detection or detector.first_nan()
+        if detection is not None:
+            report = _build_report(item, detector, detection)
             item.user_properties.extend(_properties(report))
             pytest.fail(_message(report), pytrace=False)
         return result
 
 
-def _build_report(item: pytest.Item, detector):
+def _build_report(item: pytest.Item, detector, detection):
     from nandoctor.diagnose import build_report
     from nandoctor.errors import ExitCode
 
-    return build_report(item.nodeid, exit_code=int(ExitCode.FOUND), detection=detector.detection,
+    return build_report(item.nodeid, exit_code=int(ExitCode.FOUND), detection=detection,
                         step=detector.state.step_or_none, history=detector.history())
 
 
 def _message(report) -> str:
     """First line: what and where; then the cause (id, title, explanation, fix), the root's
     inputs and the lineage (the same text as the JUnit failure of `nandoctor run`)."""
-    from nandoctor.report.junit import failure_text
+    from nandoctor.report.text import failure_text
 
     root = report.root or report.event
     where = f" at {root.location}" if root.location else ""

@@ -18,13 +18,7 @@ SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 SCORER = SHARED / "tools" / "score_cases.py"
 CASES = sorted(p.parent.name for p in (SHARED / "cases").glob("*/expect.yaml"))
 
-# Issue 12 ("Right on scripts nobody has shown you") tracks each of these.
-KNOWN_MISSES = {
-    "black_mask_normalized_upfront": "issue 12: a NaN made while building the data before training",
-    "edge_loss_masked_after": "issue 12: a masked Inf whose NaN gradient leaks",
-    "gaussian_logprob_nan_targets": "issue 12: NaN in input data",
-    "healthy_entropy_metric_nograd": "issue 12: a NaN that is discarded must not stop the run",
-}
+KNOWN_MISSES: dict[str, str] = {}  # case name -> the issue tracking it (none today)
 
 pytestmark = pytest.mark.skipif(not SCORER.exists(), reason="../shared is not beside the checkout")
 

@@ -1,15 +1,17 @@
 """`nandoctor check-data`: parse the options, scan, render, return the exit status."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from nandoctor.cli import app
+from nandoctor.cli.outputs import report_outputs
 from nandoctor.config import load_config
-from nandoctor.console import stdout_console
 from nandoctor.errors import ExitCode, UsageError
+from nandoctor.report.render import publish
 
 
 @app.command("check-data", no_args_is_help=True)
@@ -37,29 +39,17 @@ def check_data(
     """
     # Imported here so `nandoctor run` never pays for the data readers.
     from nandoctor.datacheck import CheckOptions, scan
-    from nandoctor.report.data_json import write_json
-    from nandoctor.report.data_terminal import render
 
     if num_classes is not None and num_classes < 1:
         raise UsageError(f"--num-classes must be at least 1, got {num_classes}")
     if workers is not None and workers < 0:
         raise UsageError(f"--workers must be 0 or more, got {workers}")
     config = load_config(config_path).with_overrides("check_data", workers=workers)
+    # No script of the user's here: the table is this command's output, on stdout.
+    outputs = report_outputs(sys.stdout, config, json_path=json_path, junit_path=junit_path)
     settings = config.check_data
     options = CheckOptions(max_positions=settings["max_positions"], num_classes=num_classes)
     report = scan(paths, errors=settings["errors"], warnings=settings["warnings"], options=options,
                   workers=settings["workers"])
-    render(report, stdout_console())
-    if json_path is not None:
-        write_json(report, str(json_path))
-    _ci_outputs(report.to_dict(), junit_path, config.ci["max_annotations"])
+    publish(report, outputs)
     return int(ExitCode.FOUND if report.errors else ExitCode.CLEAN)
-
-
-def _ci_outputs(data: dict, junit_path: Optional[Path], max_annotations: int) -> None:
-    """JUnit XML when asked for; GitHub annotations and step summary when running there."""
-    from nandoctor.report import github, junit
-
-    if junit_path is not None:
-        junit.write_text(junit_path, junit.data_junit(data))
-    github.emit_github(github.data_annotations(data, limit=max_annotations), github.data_summary_markdown(data))

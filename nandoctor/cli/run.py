@@ -1,15 +1,17 @@
 """`nandoctor run [OPTIONS] SCRIPT [ARGS]...` and `nandoctor run [OPTIONS] -m MODULE [ARGS]...`"""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from nandoctor.cli import app
+from nandoctor.cli.outputs import report_outputs
 from nandoctor.config import load_config
 from nandoctor.errors import UsageError
-from nandoctor.report import json_report
+from nandoctor.report.render import publish
 
 # Everything after SCRIPT belongs to the script: stop parsing options at the first
 # positional, and keep unknown options (`--lr`) for it instead of failing on them.
@@ -33,30 +35,16 @@ def run_command(
     """
     target, args, as_module = _target(script, module, ctx.args)
     config = load_config(config_path).with_overrides("run", mode=mode, max_steps=max_steps)
-    for path in (json_path, junit_path):
-        if path is not None:
-            json_report.check_writable(path)
+    # Every word of nandoctor's goes to stderr: stdout is the script's, byte for byte.
+    outputs = report_outputs(sys.stderr, config, json_path=json_path, junit_path=junit_path)
     from nandoctor import session  # imports torch: only when a script is actually run
-    from nandoctor.report import terminal
 
     request = session.RunRequest(target, args, as_module, config,
                                  config_path=str(config_path) if config_path else None)
     runner = session.prepare(request)
     report = session.run(request, runner)
-    terminal.print_report(report, context_lines=config.run["context_lines"])
-    if json_path is not None:
-        json_report.write_json(json_report.render_json(report), json_path)
-    _ci_outputs(report, junit_path)
+    publish(report, outputs)
     return report.exit_code
-
-
-def _ci_outputs(report, junit_path: Optional[Path]) -> None:
-    """JUnit XML when asked for; GitHub annotations and step summary when running there."""
-    from nandoctor.report import github, junit
-
-    if junit_path is not None:
-        junit.write_text(junit_path, junit.run_junit(report))
-    github.emit_github(github.run_annotations(report), github.run_summary_markdown(report))
 
 
 def _target(script: str | None, module: str | None, extra: list[str]) -> tuple[str, list[str], bool]:

@@ -26,6 +26,10 @@ class Problem:
     positions: list[tuple[int, ...]] = field(default_factory=list)
     severity: str = ERROR
 
+    @property
+    def is_error(self) -> bool:
+        return self.severity == ERROR
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "file": self.file,
@@ -58,7 +62,14 @@ class DataReport:
         return "problems" if self.errors else "clean"
 
     def files_with_problems(self) -> list[str]:
-        return list(dict.fromkeys(p.file for p in self.problems))
+        return list(self.by_file())
+
+    def by_file(self) -> dict[str, list[Problem]]:
+        """The problems grouped by file, files in order of first appearance."""
+        groups: dict[str, list[Problem]] = {}
+        for problem in self.problems:
+            groups.setdefault(problem.file, []).append(problem)
+        return groups
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -157,6 +157,12 @@ class Detector(Observer):
     def carry(self, args, out) -> None:
         self.recorder.carry(args, out)
 
+    def filled(self, args, out: torch.Tensor) -> None:
+        """A fill, `where` or clamp touched a tensor with a record (rare): its output carries
+        the record while it is still non-finite; values it dropped were masked away."""
+        with self.internal():
+            self.recorder.filled(args, out)
+
     def read_flags(self) -> None:
         """Read the pending device flags (one sync); a flagged NaN stops the run."""
         if not len(self.flags):
@@ -187,6 +193,14 @@ class Detector(Observer):
 
     def discarded(self):
         return self.recorder.discarded()
+
+    def first_nan(self) -> Detection | None:
+        """The first NaN made in the run, explained as if it had stopped it, also when it
+        was discarded (for a caller stricter than the run policy: the pytest plugin)."""
+        birth = self.recorder.first_nan_birth
+        if birth is None:
+            return None
+        return explain(birth, StopReason.OP_MADE_NAN, self.recorder.forward_by_node, self.locator)
 
     # -- the training boundaries (the observer protocol) ----------------------------------
 

@@ -44,6 +44,11 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
         if forward is not None:
             forward.facts.gradient_leak_through = root.backward_node
             chain.append(forward)
+    elif root.phase != "backward" and root.facts.masked:
+        # Made in forward, dropped there (so the loss stayed finite), yet backward ran
+        # through it: the first backward op on the way turned it into a NaN gradient.
+        node = next((r.backward_node for r in reversed(chain) if r.phase == "backward"), None)
+        root.facts.gradient_leak_through = node
     return chain
 
 

@@ -105,8 +105,8 @@ class CheckingMode(TorchDispatchMode):
                     d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out)):
                 # (A deferred run keeps no lineage, so an intended -inf needs no record there.)
                 d.on_nonfinite(func, args, kwargs, out, node, created, intended=True)
-            elif d.records and is_inplace(func) and isinstance(out, torch.Tensor):
-                d.records.forget(out)  # overwritten with finite values: no longer non-finite
+            elif d.records and isinstance(out, torch.Tensor):
+                d.filled(args, out)  # a recorded value selected, overwritten or passed through
         elif kind is OpKind.PASSTHROUGH:
             if d.records:
                 d.carry(args, out)
@@ -123,12 +123,11 @@ class CheckingMode(TorchDispatchMode):
             if not _finite(out):
                 d.on_nonfinite(func, args, kwargs, out, node, created, before=before)
             elif d.records and is_inplace(func):
-                d.records.forget(out)
+                d.filled(args, out)  # overwritten with finite values, maybe not all of them
             return
         if out is None and is_inplace(func) and args:  # _foreach_*_ ops return nothing
             out = args[0]
         if isinstance(out, (tuple, list)) and not _all_finite(out):
-            for item in out:
+            for item in out:  # each one: a convolution's grad_input, grad_weight and grad_bias
                 if isinstance(item, torch.Tensor) and not _finite(item):
                     d.on_nonfinite(func, args, kwargs, item, node, created)
-                    return

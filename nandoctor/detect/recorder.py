@@ -35,6 +35,7 @@ class Recorder:
         # for the report of a run in which none of them mattered.
         self._made: dict[tuple, list] = {}
         self._births: collections.deque[Record] = collections.deque(maxlen=64)  # the latest births
+        self.first_nan_birth: Record | None = None  # the first NaN made, accepted lines aside
         self.locator = locator
         self.modules = modules
         self.sites = sites
@@ -138,6 +139,8 @@ class Recorder:
 
     def count_made(self, record: Record) -> None:
         """One more non-finite value born at this record's op and line."""
+        if record.has_nan and not record.intended and self.first_nan_birth is None:
+            self.first_nan_birth = record
         key = (record.op, record.where)
         entry = self._made.get(key)
         if entry is None:
@@ -182,6 +185,18 @@ class Recorder:
             if isinstance(item, torch.Tensor):
                 self.records.put(item, source)
 
+    def filled(self, args, out: torch.Tensor) -> None:
+        sources = [r for r in (self.records.get(t) for t in _tensors_of(args)) if r is not None and not r.intended]
+        if not sources:
+            return
+        whole = out._base if out._base is not None else out  # a fill of x[0] leaves the rest of x
+        if whole.is_floating_point() and not whole.is_meta and not bool(torch.isfinite(whole).all()):
+            self.records.put(out, sources[0])
+            return
+        self.records.forget(out)  # (an in-place fill overwrote every bad value)
+        for source in sources:
+            _mark_masked(source)
+
     def parameter_ref(self, p: torch.Tensor, optimizer=None) -> ParameterRef:
         """`p` by name when known, else by its place in `optimizer.param_groups`."""
         group = index = None
@@ -202,6 +217,21 @@ class Recorder:
             for key in sorted(self.forward_by_node)[:-512]:
                 del self.forward_by_node[key]
         self.records.prune()
+
+
+def _mark_masked(record: Record) -> None:
+    """The values of `record` were dropped (`where`, `masked_fill`, an index_put of 0): say
+    so on the births they came from, for the gradient-leak diagnosis."""
+    stack, seen = [record], set()
+    while stack and len(seen) < 256:
+        r = stack.pop()
+        if id(r) in seen:
+            continue
+        seen.add(id(r))
+        parents = [p for p in r.parents if not p.intended]
+        if not parents:
+            r.facts.masked = True
+        stack.extend(parents)
 
 
 def _tensors_of(args):

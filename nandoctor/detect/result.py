@@ -116,6 +116,7 @@ class SiteFacts:
     batch: BatchOrigin | None = None
     device_flag: DeviceFlag | None = None  # seen by a device-side flag: values not kept
     gradient_leak_through: str | None = None  # the backward node that turned this op's Inf into NaN
+    masked: bool = False  # its values were dropped downstream in forward (where, masked_fill, index_put)
     user_backward: bool = False  # called by the user's own code inside backward (custom Function, hook)
     input_producers: dict[str, str] = field(default_factory=dict)  # input name -> autograd node
     ctc: CtcLengths | None = None
@@ -133,7 +134,7 @@ class SiteFacts:
             out["parameter_shape"] = list(p.shape)
             if p.group is not None:
                 out["parameter_position"] = [p.group, p.index]
-        for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "written_by_optimizer", "untracked_input",
+        for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "written_by_optimizer", "untracked_input",
                     "user_backward"):
             if getattr(self, key):
                 out[key] = True

@@ -2,7 +2,7 @@
 their record, so a NaN made while preparing a cache is still traced to the op that made it
 (the loaded tensor is new memory: the record table, keyed by storage, cannot see it).
 
-At save, each recorded tensor in the saved object is remembered by a fingerprint of its
+At save, each tensor in the saved object whose record names the op that made it is remembered by a fingerprint of its
 values; at load, a non-finite tensor with the same fingerprint gets the same record. Only
 the rare path pays: saving looks only at tensors that have a record, loading only at
 non-finite ones, and only while something saved is remembered.
@@ -36,7 +36,10 @@ class SavedValues:
             return
         for _, t in tensors_in(obj):
             record = self.records.get(t)
-            if record is not None and len(self._by_fingerprint) < REMEMBERED:
+            # A value that entered torch from outside is from outside again once it is read
+            # back from a file (a checkpoint loaded into a model is the file's problem).
+            entered = record is not None and record.facts.untracked_input and not record.inputs
+            if record is not None and not entered and len(self._by_fingerprint) < REMEMBERED:
                 self._by_fingerprint[fingerprint(t)] = record
 
     def loaded(self, obj) -> None:

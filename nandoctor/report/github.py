@@ -2,7 +2,9 @@
 
 Annotations (`::error file=...,line=...,title=...::message`) put the culprit on the line of
 the pull request diff; the step summary ($GITHUB_STEP_SUMMARY) shows the whole story as
-markdown on the run page. Nothing is printed outside GitHub Actions (see `emit_github`).
+markdown on the run page. Both only inside GitHub Actions (see `outputs`). The runner reads
+workflow commands from a step's stderr as well as its stdout, so `nandoctor run` prints its
+annotations on stderr, leaving stdout to the script.
 
 Escaping follows GitHub's workflow-command rules: in the message (data) `%`, CR and LF; in
 properties (`file`, `title`) also `:` and `,`, which would otherwise end the property.
@@ -10,17 +12,75 @@ properties (`file`, `title`) also `:` and `,`, which would otherwise end the pro
 from __future__ import annotations
 
 import os
-import sys
-from typing import Any, Iterable, Mapping, TextIO
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
-from nandoctor.report.junit import group_problems, problem_line
-from nandoctor.report.model import OpSite, RunReport
+from nandoctor.report.model import Site, RunReport
+from nandoctor.report.render import AppendFile, Output, Stream
+from nandoctor.report.text import checks, problem_line
 from nandoctor.stats import one_line
+
+if TYPE_CHECKING:
+    from nandoctor.datacheck.model import DataReport, Problem
 
 # Markdown rows listed at most in a data summary (the step summary is capped at 1 MiB).
 MAX_SUMMARY_ROWS = 200
 # Characters of the explanation put in an annotation (the summary has the full text).
 _SHORT = 300
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """`::error`/`::warning` workflow commands, one a line; at most `limit` for a data check
+    (None: no limit)."""
+
+    limit: int | None = 10
+
+    def render_run(self, report: RunReport) -> str:
+        return _lines(run_annotations(report))
+
+    def render_data(self, report: DataReport) -> str:
+        return _lines(data_annotations(report, self.limit))
+
+
+class StepSummary:
+    """Markdown for $GITHUB_STEP_SUMMARY."""
+
+    def render_run(self, report: RunReport) -> str:
+        return run_summary_markdown(report)
+
+    def render_data(self, report: DataReport) -> str:
+        return data_summary_markdown(report)
+
+
+def in_github_actions(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get("GITHUB_ACTIONS") == "true"
+
+
+def outputs(stream: TextIO, max_annotations: int | None = 10,
+            environ: Mapping[str, str] | None = None) -> list[Output]:
+    """Inside GitHub Actions: the annotations on `stream`, and the summary appended to the
+    $GITHUB_STEP_SUMMARY file when there is one. Elsewhere nothing.
+
+    A summary file that cannot be written becomes a `::warning` on `stream`, never a failure.
+    """
+    environ = os.environ if environ is None else environ
+    if not in_github_actions(environ):
+        return []
+    found = [Output(Annotations(max_annotations), Stream(stream))]
+    summary_path = environ.get("GITHUB_STEP_SUMMARY")
+    if summary_path:
+        def warn(exc: OSError) -> None:
+            message = f"nandoctor could not write the step summary: {exc.strerror or exc}"
+            Stream(stream).write(_lines([workflow_command("warning", message)]))
+
+        found.append(Output(StepSummary(), AppendFile(Path(summary_path), on_error=warn)))
+    return found
+
+
+def _lines(lines: list[str]) -> str:
+    return "".join(line + "\n" for line in lines)
 
 
 def escape_data(value: Any) -> str:
@@ -92,7 +152,7 @@ def _md_text(value: Any) -> str:
     return str(value).replace("\r", "").strip()
 
 
-def _row(label: str, site: OpSite) -> str:
+def _row(label: str, site: Site) -> str:
     cells = [
         label,
         _md_code(site.op) if site.op else "(no op)",
@@ -156,34 +216,32 @@ def run_summary_markdown(report: RunReport) -> str:
 # -- nandoctor check-data ---------------------------------------------------------------
 
 
-def _is_error(problem: Mapping[str, Any]) -> bool:
-    return problem.get("severity", "error") == "error"
-
-
-def data_annotations(data_report: Mapping[str, Any], limit: int | None = 10) -> list[str]:
+def data_annotations(report: DataReport, limit: int | None = 10) -> list[str]:
     """One annotation per problem file (not per problem): `::error` when it has an error,
     `::warning` when it has only warnings; files with errors first; at most `limit`
     (None: no limit)."""
-    by_file = group_problems(data_report.get("problems") or [])
-    ordered = sorted(by_file.items(), key=lambda item: not any(_is_error(p) for p in item[1]))
+    ordered = sorted(report.by_file().items(), key=lambda item: not _has_error(item[1]))
     if limit is not None:
         ordered = ordered[: max(limit, 0)]
     lines = []
     for name, problems in ordered:
-        command = "error" if any(_is_error(p) for p in problems) else "warning"
-        checks = ", ".join(dict.fromkeys(str(p.get("check")) for p in problems))
+        command = "error" if _has_error(problems) else "warning"
         lines.append(workflow_command(command, "\n".join(problem_line(p) for p in problems),
-                                      file=name, title=f"nandoctor check-data: {checks}"))
+                                      file=name, title=f"nandoctor check-data: {checks(problems)}"))
     return lines
 
 
-def data_summary_markdown(data_report: Mapping[str, Any]) -> str:
-    problems = list(data_report.get("problems") or [])
-    scanned = data_report.get("files_scanned", 0)
+def _has_error(problems: list[Problem]) -> bool:
+    return any(p.is_error for p in problems)
+
+
+def data_summary_markdown(report: DataReport) -> str:
+    problems = report.problems
+    scanned = report.files_scanned
     if not problems:
         return f"✅ **nandoctor check-data**: {scanned} files scanned, no problems.\n"
-    by_file = group_problems(problems)
-    error_files = sum(1 for ps in by_file.values() if any(_is_error(p) for p in ps))
+    by_file = report.by_file()
+    error_files = sum(1 for ps in by_file.values() if _has_error(ps))
     icon = "❌" if error_files else "⚠️"
     out = [f"### {icon} nandoctor check-data: {len(by_file)} of {scanned} files with problems", ""]
     if error_files != len(by_file):
@@ -191,46 +249,14 @@ def data_summary_markdown(data_report: Mapping[str, Any]) -> str:
     out += ["| file | key | check | count | detail | severity |", "|---|---|---|---|---|---|"]
     for p in problems[:MAX_SUMMARY_ROWS]:
         cells = [
-            _md_code(p.get("file", "")),
-            _md_code(p["key"]) if p.get("key") is not None else "",
-            _md_code(p.get("check", "")),
-            str(p.get("count", "")),
-            _md_text(p.get("detail") or "").replace("\n", " "),
-            p.get("severity", "error"),
+            _md_code(p.file),
+            _md_code(p.key) if p.key is not None else "",
+            _md_code(p.check),
+            str(p.count),
+            _md_text(p.detail).replace("\n", " "),
+            p.severity,
         ]
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if len(problems) > MAX_SUMMARY_ROWS:
         out += ["", f"…and {len(problems) - MAX_SUMMARY_ROWS} more problems (see the JSON report)."]
     return "\n".join(out) + "\n"
-
-
-# -- emitting ---------------------------------------------------------------------------
-
-
-def in_github_actions(environ: Mapping[str, str] | None = None) -> bool:
-    return (os.environ if environ is None else environ).get("GITHUB_ACTIONS") == "true"
-
-
-def emit_github(annotations: Iterable[str], summary: str, environ: Mapping[str, str] | None = None,
-                stream: TextIO | None = None) -> bool:
-    """Inside GitHub Actions: print the annotations to `stream` (stdout) and append the
-    summary to the $GITHUB_STEP_SUMMARY file. Elsewhere do nothing. Returns whether it ran.
-
-    A summary file that cannot be written becomes a `::warning`, never a failure of the run.
-    """
-    environ = os.environ if environ is None else environ
-    if not in_github_actions(environ):
-        return False
-    stream = sys.stdout if stream is None else stream
-    for line in annotations:
-        print(line, file=stream)
-    summary_path = environ.get("GITHUB_STEP_SUMMARY")
-    if summary_path and summary:
-        try:
-            with open(summary_path, "a", encoding="utf-8", errors="backslashreplace") as handle:
-                handle.write(summary if summary.endswith("\n") else summary + "\n")
-        except OSError as exc:
-            print(workflow_command("warning", f"nandoctor could not write the step summary: {exc.strerror or exc}"),
-                  file=stream)
-    stream.flush()
-    return True

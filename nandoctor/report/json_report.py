@@ -1,49 +1,40 @@
-"""The run report as JSON (`--json PATH`), exactly the contract's shape plus added fields."""
+"""Both reports as JSON (`--json PATH`): exactly the models' `to_dict()`, the contract's
+shapes (`nandoctor.run/1`, `nandoctor.data/1`) plus added fields."""
 from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nandoctor.errors import UsageError
 from nandoctor.report.model import RunReport
+from nandoctor.report.text import decode_surrogates
+
+if TYPE_CHECKING:
+    from nandoctor.datacheck.model import DataReport
 
 
-def _jsonable(value: Any) -> Any:
-    """JSON has no NaN/Inf: non-finite floats (a NaN loss in the history) become strings."""
+class Json:
+    def render_run(self, report: RunReport) -> str:
+        return _dumps(report.to_dict(), ensure_ascii=True)
+
+    def render_data(self, report: DataReport) -> str:
+        # Non-ASCII file names stay readable in the data report.
+        return _dumps(report.to_dict(), ensure_ascii=False)
+
+
+def _dumps(data: dict[str, Any], ensure_ascii: bool) -> str:
+    return json.dumps(_json_safe(data), indent=2, allow_nan=False, ensure_ascii=ensure_ascii) + "\n"
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON has no NaN/Inf: non-finite floats (a NaN loss in the history) become strings.
+    Names that are not UTF-8 (lone surrogates) become \\xNN text."""
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, str):
+        return decode_surrogates(value)
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [_json_safe(v) for v in value]
     return value
-
-
-def render_json(report: RunReport) -> str:
-    return json.dumps(_jsonable(report.to_dict()), indent=2, allow_nan=False)
-
-
-def write_json(text: str, path: str | Path) -> None:
-    """Write atomically, so a reader never sees half a report (also on Ctrl-C)."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise UsageError(f"cannot write report to {path}: {exc.strerror or exc}") from None
-
-
-def check_writable(path: str | Path) -> None:
-    """Fail before the script runs, not after hours of training, when --json can't be written."""
-    folder = Path(path).parent if str(Path(path).parent) else Path(".")
-    if not folder.is_dir():
-        raise UsageError(f"cannot write report to {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"cannot write report to {path}: folder {folder} is not writable")

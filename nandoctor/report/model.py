@@ -16,8 +16,6 @@ SCHEMA = "nandoctor.run/1"
 
 __all__ = ["SCHEMA", "Cause", "Discarded", "History", "Location", "RunReport", "Site", "SiteFacts"]
 
-OpSite = Site  # TRANSITIONAL: renderers are being moved; removed once they use Site
-
 
 @dataclass(frozen=True)
 class Cause:

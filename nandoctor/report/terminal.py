@@ -1,33 +1,57 @@
-"""The terminal report: what a person reads at a glance when the run stops.
+"""The terminal report: what a person reads at a glance, for a run and for a data check.
 
-Built from the plain `RunReport` with rich; no colour when the output is not a terminal
-or NO_COLOR is set (rich's own rules), so it reads as plain text in a CI log.
+Built from the plain reports with rich, and rendered by the console of the stream it goes
+to: no colour when that stream is not a terminal or NO_COLOR is set (rich's own rules), so
+it reads as plain text in a CI log. User strings are escaped for rich markup.
 """
 from __future__ import annotations
 
 import linecache
 import math
 import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from nandoctor.console import stdout_console
-from nandoctor.report.model import History, Location, OpSite, RunReport, SiteFacts
+from nandoctor.report.model import History, Location, Site, RunReport, SiteFacts
+from nandoctor.report.text import decode_surrogates
 from nandoctor.stats import one_line
+
+if TYPE_CHECKING:
+    from nandoctor.datacheck.model import DataReport, Problem
 
 _BARS = "▁▂▃▄▅▆▇█"
 
 
-def print_report(report: RunReport, context_lines: int = 2, console: Console | None = None) -> None:
-    console = console or stdout_console()
-    console.print(render(report, context_lines))
+@dataclass(frozen=True)
+class Terminal:
+    """Renders with `console`, the console of the stream the text will be written to."""
+
+    console: Console
+    context_lines: int = 2
+
+    def render_run(self, report: RunReport) -> str:
+        return self._text(run_renderable(report, self.context_lines))
+
+    def render_data(self, report: DataReport) -> str:
+        return self._text(*data_renderables(report))
+
+    def _text(self, *renderables: RenderableType) -> str:
+        with self.console.capture() as captured:
+            for renderable in renderables:
+                self.console.print(renderable)
+        return captured.get()
 
 
-def render(report: RunReport, context_lines: int = 2):
+# -- nandoctor run ----------------------------------------------------------------------
+
+
+def run_renderable(report: RunReport, context_lines: int = 2):
     if report.status == "nonfinite":
         return _nonfinite(report, context_lines)
     if report.status == "script_error":
@@ -95,11 +119,11 @@ def _watch_line(report: RunReport) -> Text:
     return Text.from_markup("[bold]Watch mode:[/] " + "; ".join(bits))
 
 
-def _kind(site: OpSite) -> str:
+def _kind(site: Site) -> str:
     return {"nan": "NaN", "inf": "Inf"}.get(site.made, "non-finite value")
 
 
-def _site_heading(label: str, site: OpSite) -> Text:
+def _site_heading(label: str, site: Site) -> Text:
     bits = [f"[bold]{label}:[/] [cyan]{escape(site.op or '(no op: value arrived non-finite)')}[/]", f"phase {site.phase}"]
     if site.backward_node:
         bits.append(f"backward of [cyan]{escape(site.backward_node)}[/]")
@@ -130,7 +154,7 @@ def _source(location: Location | None, context: int) -> Text:
     return out
 
 
-def _tensors(site: OpSite) -> Table:
+def _tensors(site: Site) -> Table:
     table = Table.grid(padding=(0, 1))
     table.add_column(style="dim")
     table.add_column()
@@ -183,7 +207,7 @@ def _tensor_line(line: str, bad: int) -> Text:
     return text
 
 
-def _lineage(lineage: list[OpSite]) -> Table:
+def _lineage(lineage: list[Site]) -> Table:
     table = Table(title="Lineage (root → where it stopped)", title_justify="left", show_edge=False, box=None, padding=(0, 1))
     for column in ("#", "op", "phase", "line", "module", "output"):
         table.add_column(column, style="dim" if column == "#" else None, overflow="fold")
@@ -204,7 +228,7 @@ def _short_location(location: Location | None, root_file: str | None) -> str:
     return str(location.line) if location.file == root_file else f"{location.file}:{location.line}"
 
 
-def _counts(site: OpSite) -> str:
+def _counts(site: Site) -> str:
     o = site.output
     if o is None:
         return "-"
@@ -250,3 +274,70 @@ def _num(v) -> str:
     if not isinstance(v, (int, float)) or not math.isfinite(v):
         return str(v)
     return f"{v:.3g}" if 1e-3 <= abs(v) < 1e5 or v == 0 else f"{v:.2e}"
+
+
+# -- nandoctor check-data ---------------------------------------------------------------
+# One table grouped by file, then a summary line. A file name may hold a newline or bytes
+# that are not UTF-8: they are shown as escapes.
+
+
+def data_renderables(report: DataReport) -> list[RenderableType]:
+    table = [_table(report)] if report.problems else []
+    return [*table, summary_line(report)]
+
+
+def _table(report: DataReport) -> Table:
+    table = Table(show_edge=False, pad_edge=False, expand=False)
+    table.add_column("file", overflow="fold")
+    table.add_column("key", overflow="fold")
+    table.add_column("check", no_wrap=True)
+    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=1)
+    for group in report.by_file().values():
+        for i, problem in enumerate(group):
+            table.add_row(
+                _text(problem.file) if i == 0 else "",
+                _text(problem.key) if problem.key is not None else "",
+                _check(problem),
+                f"{problem.count:,}",
+                _text(problem.detail),
+                end_section=i == len(group) - 1,
+            )
+    return table
+
+
+def _check(problem: Problem) -> str:
+    style = "bold red" if problem.is_error else "yellow"
+    return f"[{style}]{escape(problem.check)}[/]"
+
+
+def _text(value: str) -> str:
+    return escape(printable(value))
+
+
+def printable(value: str) -> str:
+    """Control characters as escapes (a newline in a file name stays on one row), and bytes
+    that are not UTF-8 (kept by Python as surrogates) as \\xNN."""
+    value = decode_surrogates(value)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
+def summary_line(report: DataReport) -> str:
+    files = _plural(report.files_scanned, "file")
+    text = f"{files} checked"
+    if report.problems:
+        n_files = len(report.files_with_problems())
+        counts = [_plural(len(report.errors), "error"), _plural(len(report.warnings), "warning")]
+        text += (f", {_plural(len(report.problems), 'problem')} in {_plural(n_files, 'file')}"
+                 f" ({', '.join(counts)})")
+        style = "bold red" if report.errors else "yellow"
+    else:
+        text += ", no problems"
+        style = "green"
+    if report.files_skipped:
+        text += f"; {_plural(report.files_skipped, 'file')} skipped (not a data format nandoctor reads)"
+    return f"[{style}]{escape(text)}[/]"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"

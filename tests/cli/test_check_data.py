@@ -122,3 +122,25 @@ def test_import_error_in_dataset_file_exits_2_with_one_line(tmp_path):
     result = nandoctor("train.py:dataset", cwd=tmp_path)
     assert result.returncode == 2 and "missing_dependency_xyz" in result.stderr
     assert result.stderr.strip().count("\n") == 0
+
+
+def test_an_unwritable_json_path_exits_2_with_one_line_before_scanning(tmp_path):
+    np.save(tmp_path / "bad.npy", np.array([np.nan, 1.0]))
+    result = nandoctor("bad.npy", "--json", "no/such/dir/r.json", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "nandoctor: cannot write report to no/such/dir/r.json: folder no/such/dir does not exist"
+    assert result.stdout == ""  # it failed before the scan, not after
+
+
+def test_github_annotations_are_capped_by_the_config(tmp_path):
+    for i in range(4):
+        np.save(tmp_path / f"bad{i}.npy", np.array([np.nan, 1.0]))
+    (tmp_path / "cfg.yaml").write_text("ci:\n  max_annotations: 2\n")
+    env_result = subprocess.run(
+        [sys.executable, "-m", "nandoctor", "check-data", "--config", "cfg.yaml", "."], cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": "summary.md"},
+        capture_output=True, text=True, timeout=300)
+    assert env_result.returncode == 3
+    annotations = [line for line in env_result.stdout.splitlines() if line.startswith("::error file=")]
+    assert len(annotations) == 2
+    assert "4 of 4 files with problems" in (tmp_path / "summary.md").read_text()

@@ -1,9 +1,12 @@
 """CI use: --max-steps makes any script a smoke test; failures show up where CI systems look."""
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 from helpers import run_nandoctor
+
+COLOUR = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-8]|9[0-7])[;m]")
 
 BROKEN = """\
 import torch
@@ -36,7 +39,9 @@ def test_github_actions_gets_an_annotation_at_the_root_line_and_a_step_summary(t
     result = run_nandoctor(["run", "--junit", "junit.xml", "train.py"], tmp_path,
                            env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)})
     assert result.code == 3
-    annotations = [line for line in result.stdout.splitlines() if line.startswith("::error ")]
+    # Workflow commands are read from stderr too; stdout is the script's alone.
+    assert result.stdout == ""
+    annotations = [line for line in result.stderr.splitlines() if line.startswith("::error ")]
     assert len(annotations) == 1
     props = dict(p.split("=", 1) for p in annotations[0][len("::error "):].split("::", 1)[0].split(","))
     assert props["file"] == "train.py" and props["line"] == "7"
@@ -53,7 +58,8 @@ def test_github_actions_gets_an_annotation_at_the_root_line_and_a_step_summary(t
 def test_outside_github_actions_no_workflow_commands_are_printed(tmp_path, script):
     script("train.py", BROKEN)
     result = run_nandoctor(["run", "train.py"], tmp_path)
-    assert "::error" not in result.stdout
+    assert result.code == 3 and "Fix:" in result.stderr
+    assert "::error" not in result.stderr and "::error" not in result.stdout
 
 
 def test_max_steps_turns_a_training_script_into_a_smoke_test(tmp_path, script):
@@ -70,5 +76,14 @@ def test_max_steps_turns_a_training_script_into_a_smoke_test(tmp_path, script):
 def test_logs_have_no_colour_codes_when_not_a_terminal(tmp_path, script):
     script("train.py", BROKEN)
     result = run_nandoctor(["run", "train.py"], tmp_path)
-    assert "\x1b[" not in result.stdout
-    assert "Fix:" in result.stdout
+    assert "Fix:" in result.stderr
+    assert "\x1b[" not in result.stderr
+
+
+def test_no_color_is_honoured_on_a_terminal(tmp_path, script):
+    script("train.py", BROKEN)
+    coloured = run_nandoctor(["run", "train.py"], tmp_path, env={"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"})
+    plain = run_nandoctor(["run", "train.py"], tmp_path,
+                          env={"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"})
+    assert COLOUR.search(coloured.stderr)
+    assert "Fix:" in plain.stderr and not COLOUR.search(plain.stderr)

@@ -45,15 +45,39 @@ def test_a_nan_gives_exit_3_and_a_report(tmp_path, script):
     assert result.report["status"] == "nonfinite"
     assert result.report["root"]["op"] == "aten.log.default"
     assert result.report["root"]["location"]["line"] == 6
-    assert "log of a non-positive value" in result.stdout
+    assert "log of a non-positive value" in result.stderr
+    assert result.stdout == ""  # every word of nandoctor's is on stderr
 
 
 def test_a_healthy_script_exits_0_with_a_clean_report(tmp_path, script):
     script("train.py", HEALTHY_SCRIPT)
     result = run_nandoctor(["run", "train.py"], tmp_path)
     assert result.code == 0
-    assert "done" in result.stdout
+    assert result.stdout == "done\n"
+    assert "nandoctor: clean" in result.stderr
     assert result.report["status"] == "clean" and result.report["step"] == 5
+
+
+JSON_LINES = """\
+import json
+import torch
+print(json.dumps({"event": "start", "lr": 0.1, "note": "naïve ✓"}))
+w = torch.nn.Parameter(torch.tensor([1.0, %s]))
+loss = torch.log(w).sum()
+loss.backward()
+"""
+
+
+@pytest.mark.parametrize("second, status", [("2.0", "clean"), ("-2.0", "nonfinite")])
+def test_stdout_is_the_scripts_byte_for_byte(tmp_path, script, second, status):
+    script("train.py", JSON_LINES % second)
+    plain = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, timeout=120)
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+
+    assert result.report["status"] == status
+    assert result.stdout.encode() == plain.stdout
+    assert json.loads(result.stdout) == {"event": "start", "lr": 0.1, "note": "naïve ✓"}
+    assert "nandoctor" in result.stderr
 
 
 def test_the_scripts_own_exit_status_passes_through(tmp_path, script):

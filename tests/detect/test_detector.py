@@ -56,6 +56,15 @@ class TestForward:
         assert (born.op, born.location.line, born.made, born.count) == \
             ("aten.log.default", line_of("MARK-entropy"), "inf", 1)
 
+    def test_overwriting_only_some_of_the_bad_values_keeps_the_record(self):
+        def partly():
+            x = torch.log(torch.tensor([-1.0, -2.0, 3.0]))  # MARK-partly
+            x[0] = 0.0  # x[1] is still NaN
+            read_back(x)
+
+        d = detect(partly).detection
+        assert d.root.op == "aten.log.default" and d.root.location.line == line_of("MARK-partly")
+
     def test_nan_to_num_and_nanmean_discard_what_they_replace(self):
         def impute():
             x = torch.tensor([1.0, float("nan"), 3.0]) * 2

@@ -98,6 +98,24 @@ class TestDivision:
 
         assert stays_clean(train_steps(loss, [pred]))
 
+    def test_a_division_by_zero_whose_nan_reaches_the_loss_is_the_direct_cause(self):
+        pred = torch.nn.Parameter(torch.randn(4))
+        target = torch.tensor([1.0, 0.0, 2.0, 0.0])
+        cause = cause_of(train_steps(lambda: ((pred - target) / target).abs().mean(), [pred]))
+        assert cause.id == "div_by_zero"
+
+    def test_values_dropped_by_an_index_put_leak_into_the_gradient(self):
+        pred = torch.nn.Parameter(torch.rand(4) + 0.5)
+        weight = torch.tensor([1.0, 0.0, 2.0, 0.0])
+
+        def loss():
+            per_item = -torch.log(pred * weight / weight)
+            per_item[weight == 0] = 0  # the NaNs are overwritten: the loss is finite
+            return per_item.sum()
+
+        cause = cause_of(train_steps(loss, [pred]))
+        assert cause.id == "masked_inf_gradient_leak"
+
     def test_zero_over_zero_in_place_is_div_by_zero_not_inf_arithmetic(self):
         def zero_over_zero():
             x = torch.ones(3, 2)

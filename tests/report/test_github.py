@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import io
 
+from nandoctor.datacheck.model import DataReport, Problem
 from nandoctor.report.github import (
-    data_annotations,
-    data_summary_markdown,
-    emit_github,
+    Annotations,
+    StepSummary,
     escape_data,
     escape_property,
-    run_annotations,
-    run_summary_markdown,
+    outputs,
 )
-from nandoctor.report.model import Cause, Location, OpSite, RunReport
+from nandoctor.report.model import Cause, Location, Site, RunReport
+from nandoctor.report.render import publish
 from nandoctor.stats import TensorSummary
 
 
@@ -24,12 +24,12 @@ def summary(name, **counts) -> TensorSummary:
 
 
 def nonfinite_report(file="train.py", title="log of a non-positive value") -> RunReport:
-    root = OpSite(
+    root = Site(
         op="aten.log.default", phase="forward",
         location=Location(file, 12, "forward", "y = torch.log(x)"),
         module="encoder.norm", inputs=[summary("self", negatives=1)], output=summary("output", nan=1),
     )
-    event = OpSite(op="aten.mul.Tensor", phase="forward",
+    event = Site(op="aten.mul.Tensor", phase="forward",
                    location=Location(file, 14, "forward", "loss = y * w"), output=summary("output", nan=4))
     return RunReport(
         status="nonfinite", exit_code=3, script=file, step=7, event=event, root=root, lineage=[root, event],
@@ -43,6 +43,10 @@ def test_escaping_follows_the_workflow_command_rules():
     assert escape_property("50% done\r\nnext: a, b") == "50%25 done%0D%0Anext%3A a%2C b"
     # `%` first, so an already-escaped-looking text is not decoded by GitHub.
     assert escape_data("%0A") == "%250A"
+
+
+def run_annotations(report: RunReport) -> list[str]:
+    return Annotations().render_run(report).splitlines()
 
 
 def test_nonfinite_run_gives_one_error_on_the_root_line():
@@ -67,14 +71,14 @@ def test_commas_colons_and_percent_in_properties_cannot_break_the_annotation():
 
 
 def test_clean_and_crashed_runs_have_no_annotation():
-    assert run_annotations(RunReport(status="clean", exit_code=0, script="train.py")) == []
+    assert Annotations().render_run(RunReport(status="clean", exit_code=0, script="train.py")) == ""
     crashed = RunReport(status="script_error", exit_code=1, script="train.py",
                         error={"type": "ValueError", "message": "bad"})
-    assert run_annotations(crashed) == []
+    assert Annotations().render_run(crashed) == ""
 
 
 def test_run_summary_tells_where_what_went_in_and_why():
-    md = run_summary_markdown(nonfinite_report())
+    md = StepSummary().render_run(nonfinite_report())
 
     assert md.startswith("### ❌ nandoctor: non-finite value in `train.py`")
     assert "**log of a non-positive value** (`log_nonpositive`) — after 7 optimizer steps." in md
@@ -91,7 +95,7 @@ def test_run_summary_tells_where_what_went_in_and_why():
 def test_run_summary_with_the_event_at_the_root_has_one_row():
     report = nonfinite_report()
     report.event, report.lineage = report.root, [report.root]
-    md = run_summary_markdown(report)
+    md = StepSummary().render_run(report)
 
     assert "| event = root | `aten.log.default` |" in md
     assert "| root |" not in md and "**Lineage**" not in md
@@ -100,7 +104,7 @@ def test_run_summary_with_the_event_at_the_root_has_one_row():
 def test_pipes_in_table_cells_are_escaped():
     report = nonfinite_report()
     report.root.module = "blocks|0"
-    md = run_summary_markdown(report)
+    md = StepSummary().render_run(report)
 
     assert "`blocks\\|0`" in md
 
@@ -108,7 +112,7 @@ def test_pipes_in_table_cells_are_escaped():
 def test_clean_run_summary_is_one_line_with_the_steps():
     report = RunReport(status="clean", exit_code=0, script="train.py", step=20, stopped_by="max_steps")
 
-    md = run_summary_markdown(report)
+    md = StepSummary().render_run(report)
 
     assert md == "✅ **nandoctor**: `train.py` ran clean — no NaN/Inf, 20 optimizer steps (stopped at max_steps).\n"
 
@@ -117,16 +121,15 @@ def test_script_error_summary_names_the_exception():
     report = RunReport(status="script_error", exit_code=1, script="train.py",
                        error={"type": "ValueError", "message": "bad shape"})
 
-    assert "`ValueError: bad shape`" in run_summary_markdown(report)
+    assert "`ValueError: bad shape`" in StepSummary().render_run(report)
 
 
-def problem(file, check, key=None, count=1, detail="", severity="error") -> dict:
-    return {"file": file, "key": key, "check": check, "count": count, "detail": detail, "severity": severity}
+def problem(file, check, key=None, count=1, detail="", severity="error") -> Problem:
+    return Problem(file, key, check, count, detail, severity=severity)
 
 
-def data_report(*problems, files_scanned=5) -> dict:
-    return {"schema": "nandoctor.data/1", "status": "problems", "files_scanned": files_scanned,
-            "problems": list(problems)}
+def data_report(*problems, files_scanned=5) -> DataReport:
+    return DataReport(files_scanned=files_scanned, problems=list(problems))
 
 
 def test_data_annotations_are_one_per_file_errors_first_and_capped():
@@ -137,64 +140,82 @@ def test_data_annotations_are_one_per_file_errors_first_and_capped():
         problem("y.npy", "empty", detail="no elements"),
     )
 
-    lines = data_annotations(report)
+    text = Annotations(limit=None).render_data(report)
+    lines = text.splitlines()
+    assert text.endswith("\n")
     assert [line.split(" ", 1)[0] for line in lines] == ["::error", "::error", "::warning"]
     assert lines[0] == ("::error file=x.npz,title=nandoctor check-data%3A nan%2C inf::"
                         "nan in 'a' (×3): 3 NaN values%0Ainf in 'b': 1 +Inf value")
+    assert lines[1] == "::error file=y.npy,title=nandoctor check-data%3A empty::empty: no elements"
     assert lines[2].startswith("::warning file=masks/1.png,")
-    assert len(data_annotations(report, limit=2)) == 2
-    assert data_annotations(report, limit=0) == []
+    assert len(Annotations(limit=2).render_data(report).splitlines()) == 2
+    assert Annotations(limit=0).render_data(report) == ""
 
 
 def test_data_summary_lists_every_problem():
     report = data_report(problem("x.npz", "nan", key="a", count=3, detail="3 NaN values"),
                          problem("m.png", "constant", detail="all 0", severity="warning"))
-    md = data_summary_markdown(report)
+    md = StepSummary().render_data(report)
 
     assert md.startswith("### ❌ nandoctor check-data: 2 of 5 files with problems")
+    assert "1 with errors, 1 with warnings only." in md
     assert "| `x.npz` | `a` | `nan` | 3 | 3 NaN values | error |" in md
     assert "| `m.png` |  | `constant` | 1 | all 0 | warning |" in md
 
 
+def test_data_summary_with_warnings_only_has_the_warning_icon():
+    md = StepSummary().render_data(data_report(problem("m.png", "constant", severity="warning")))
+
+    assert md.startswith("### ⚠️ nandoctor check-data: 1 of 5 files with problems")
+
+
 def test_clean_data_summary_is_one_line():
-    clean = {"schema": "nandoctor.data/1", "status": "clean", "files_scanned": 120, "problems": []}
+    clean = DataReport(files_scanned=120)
 
-    assert data_summary_markdown(clean) == "✅ **nandoctor check-data**: 120 files scanned, no problems.\n"
-
-
-def test_emit_does_nothing_outside_github_actions(tmp_path):
-    stream, summary_file = io.StringIO(), tmp_path / "summary.md"
-
-    emitted = emit_github(["::error::x"], "summary", environ={"GITHUB_STEP_SUMMARY": str(summary_file)},
-                          stream=stream)
-
-    assert emitted is False
-    assert stream.getvalue() == "" and not summary_file.exists()
+    assert StepSummary().render_data(clean) == "✅ **nandoctor check-data**: 120 files scanned, no problems.\n"
 
 
-def test_emit_prints_annotations_and_appends_to_the_step_summary(tmp_path):
+# -- where it goes ----------------------------------------------------------------------
+
+
+def test_no_outputs_outside_github_actions(tmp_path):
+    assert outputs(io.StringIO(), environ={"GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}) == []
+
+
+def test_annotations_go_to_the_stream_and_the_summary_is_appended(tmp_path):
     stream, summary_file = io.StringIO(), tmp_path / "summary.md"
     summary_file.write_text("earlier step\n", encoding="utf-8")
     environ = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary_file)}
 
-    assert emit_github(["::error::a", "::error::b"], "✅ clean", environ=environ, stream=stream) is True
+    publish(nonfinite_report(), outputs(stream, environ=environ))
 
-    assert stream.getvalue() == "::error::a\n::error::b\n"
-    assert summary_file.read_text(encoding="utf-8") == "earlier step\n✅ clean\n"
+    assert stream.getvalue().startswith("::error file=train.py,line=12,")
+    assert stream.getvalue().count("\n") == 1
+    summary = summary_file.read_text(encoding="utf-8")
+    assert summary.startswith("earlier step\n### ❌ nandoctor: non-finite value in `train.py`")
 
 
-def test_emit_without_a_summary_file_only_prints(tmp_path):
+def test_the_annotation_limit_applies_to_data_reports(tmp_path):
     stream = io.StringIO()
+    report = data_report(*(problem(f"{i}.npy", "nan") for i in range(5)))
 
-    emit_github(["::error::a"], "summary", environ={"GITHUB_ACTIONS": "true"}, stream=stream)
+    publish(report, outputs(stream, max_annotations=3, environ={"GITHUB_ACTIONS": "true"}))
 
-    assert stream.getvalue() == "::error::a\n"
+    assert [line.split(" ", 1)[1].split(",", 1)[0] for line in stream.getvalue().splitlines()] == [
+        "file=0.npy", "file=1.npy", "file=2.npy"]
+
+
+def test_without_a_summary_file_only_the_annotations_are_written():
+    (only,) = outputs(io.StringIO(), environ={"GITHUB_ACTIONS": "true"})
+
+    assert isinstance(only.renderer, Annotations)
 
 
 def test_an_unwritable_summary_file_is_a_warning_not_a_crash(tmp_path):
     stream = io.StringIO()
     environ = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp_path / "no-dir" / "summary.md")}
 
-    emit_github([], "summary", environ=environ, stream=stream)
+    publish(RunReport(status="clean", exit_code=0, script="train.py"), outputs(stream, environ=environ))
 
-    assert stream.getvalue().startswith("::warning::nandoctor could not write the step summary")
+    assert stream.getvalue().startswith("::warning::nandoctor could not write the step summary: ")
+    assert "No such file or directory" in stream.getvalue()

@@ -1,10 +1,11 @@
-"""The --json report follows shared/CONTRACT.md in every status."""
+"""The --json reports follow shared/CONTRACT.md: the run's in every status, and the data's."""
 from __future__ import annotations
 
 import json
 
 from helpers import run_nandoctor
-from nandoctor.report.json_report import render_json
+from nandoctor.datacheck.model import DataReport, Problem
+from nandoctor.report.json_report import Json
 from nandoctor.report.model import RunReport
 
 SITE_FIELDS = {"phase", "op", "location", "backward_node", "module", "output", "inputs"}
@@ -55,8 +56,39 @@ def test_a_clean_report_has_null_event_root_cause_and_empty_lineage(tmp_path, sc
     assert report["lineage"] == []
 
 
+def test_the_run_json_is_to_dict_indented_with_a_final_newline():
+    report = RunReport(status="clean", exit_code=0, script="träin.py", step=2)
+
+    text = Json().render_run(report)
+
+    assert text == json.dumps(report.to_dict(), indent=2) + "\n"
+    assert '"script": "tr\\u00e4in.py"' in text  # ASCII, as it always was
+
+
 def test_non_finite_history_values_are_valid_json():
     report = RunReport(status="clean", exit_code=0, script="t.py")
     report.history.loss = [1.0, float("inf"), float("nan")]
-    data = json.loads(render_json(report))
+    report.history.grad_norm = [float("-inf")]
+    data = json.loads(Json().render_run(report))
     assert data["history"]["loss"] == [1.0, "inf", "nan"]
+    assert data["history"]["grad_norm"] == ["-inf"]
+
+
+def test_the_data_json_has_the_contract_fields_and_survives_undecodable_names():
+    report = DataReport(files_scanned=3, problems=[Problem("b\udcff.npy", None, "nan", 1, "d", [(0, 1)])])
+    text = Json().render_data(report)
+    data = json.loads(text)
+    assert data["schema"] == "nandoctor.data/1" and data["status"] == "problems"
+    assert data["files_scanned"] == 3
+    assert data["problems"][0] == {"file": "b\\xff.npy", "key": None, "check": "nan", "count": 1,
+                                   "detail": "d", "severity": "error", "positions": [[0, 1]]}
+    assert text.endswith("}\n")
+
+
+def test_the_data_json_keeps_non_ascii_names_readable():
+    report = DataReport(files_scanned=1, problems=[Problem("données/é.npy", None, "empty", 0, "")])
+
+    text = Json().render_data(report)
+
+    assert text == json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    assert '"file": "données/é.npy"' in text

@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-import pytest
-
-from nandoctor.errors import UsageError
-from nandoctor.report.junit import data_junit, run_junit, write_text
-from nandoctor.report.model import Cause, Location, OpSite, RunReport
+from nandoctor.datacheck.model import DataReport, Problem
+from nandoctor.report.junit import JUnit
+from nandoctor.report.model import Cause, Location, Site, RunReport
 from nandoctor.stats import TensorSummary
 
 
@@ -19,12 +17,12 @@ def summary(name, **counts) -> TensorSummary:
 
 
 def nonfinite_report() -> RunReport:
-    root = OpSite(
+    root = Site(
         op="aten.log.default", phase="forward",
         location=Location("train.py", 12, "forward", "y = torch.log(x)"),
         module="encoder.norm", inputs=[summary("self", negatives=1)], output=summary("output", nan=1),
     )
-    event = OpSite(
+    event = Site(
         op="aten.mul.Tensor", phase="forward",
         location=Location("train.py", 14, "forward", "loss = y * w"), output=summary("output", nan=4),
     )
@@ -42,7 +40,7 @@ def parse(xml: str) -> ET.Element:
 
 
 def test_nonfinite_run_is_one_failing_test_case_with_the_cause_and_the_root():
-    suite = parse(run_junit(nonfinite_report(), time=1.5))
+    suite = parse(JUnit(time=1.5).render_run(nonfinite_report()))
 
     assert suite.tag == "testsuite" and suite.get("name") == "nandoctor"
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("time")) == ("1", "1", "0", "1.500")
@@ -63,7 +61,7 @@ def test_nonfinite_run_is_one_failing_test_case_with_the_cause_and_the_root():
 
 
 def test_clean_run_is_a_passing_test_case():
-    suite = parse(run_junit(RunReport(status="clean", exit_code=0, script="train.py", step=20)))
+    suite = parse(JUnit().render_run(RunReport(status="clean", exit_code=0, script="train.py", step=20)))
 
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("1", "0", "0")
     (case,) = suite.findall("testcase")
@@ -73,7 +71,7 @@ def test_clean_run_is_a_passing_test_case():
 def test_script_error_is_an_error_not_a_failure():
     report = RunReport(status="script_error", exit_code=1, script="train.py",
                        error={"type": "RuntimeError", "message": "shape mismatch"})
-    suite = parse(run_junit(report))
+    suite = parse(JUnit().render_run(report))
 
     assert (suite.get("failures"), suite.get("errors")) == ("0", "1")
     error = suite.find("testcase/error")
@@ -86,69 +84,59 @@ def test_markup_and_control_characters_in_user_text_still_give_valid_xml():
     report.script = 'odd <name> & "quotes".py'
     report.root.location = Location("a<b>.py", 3, "f", "x = y < z & w\x00\x1b[31m")
 
-    suite = parse(run_junit(report))  # raises if the XML were malformed
+    suite = parse(JUnit().render_run(report))  # raises if the XML were malformed
 
     case = suite.find("testcase")
     assert case.get("name") == 'odd <name> & "quotes".py'
     assert "x = y < z & w\\x00\\x1b[31m" in case.find("failure").text
 
 
-def data_report(*problems, files_scanned=3) -> dict:
-    return {"schema": "nandoctor.data/1", "status": "problems" if problems else "clean",
-            "files_scanned": files_scanned, "problems": list(problems)}
+def data_report(*problems, files_scanned=3) -> DataReport:
+    return DataReport(files_scanned=files_scanned, problems=list(problems))
 
 
-def problem(file, check, key=None, count=1, detail="", severity="error") -> dict:
-    return {"file": file, "key": key, "check": check, "count": count, "detail": detail, "severity": severity}
+def problem(file, check, key=None, count=1, detail="", severity="error") -> Problem:
+    return Problem(file, key, check, count, detail, severity=severity)
 
 
 def test_data_report_has_one_case_per_file_and_fails_the_files_with_errors():
     report = data_report(
         problem("x.npz", "nan", key="features", count=3, detail="3 NaN values"),
-        problem("x.npz", "inf", key="labels", count=1, detail="1 +Inf value"),
         problem("masks/7.png", "constant", detail="all pixels are 0", severity="warning"),
+        problem("x.npz", "inf", key="labels", count=1, detail="1 +Inf value"),
     )
-    suite = parse(data_junit(report, files=["ok.npy", "x.npz", "masks/7.png"]))
+    suite = parse(JUnit(files=["ok.npy", "x.npz", "masks/7.png"]).render_data(report))
 
     cases = {case.get("name"): case for case in suite.findall("testcase")}
     assert list(cases) == ["ok.npy", "x.npz", "masks/7.png"]
-    assert (suite.get("tests"), suite.get("failures")) == ("3", "1")
+    assert (suite.get("name"), suite.get("tests"), suite.get("failures")) == ("nandoctor.check-data", "3", "1")
     assert list(cases["ok.npy"]) == []
     failure = cases["x.npz"].find("failure")
     assert failure.get("message") == "2 problems in x.npz: nan, inf"
+    assert failure.get("type") == "nan"
     assert failure.text.splitlines() == ["nan in 'features' (×3): 3 NaN values", "inf in 'labels': 1 +Inf value"]
     # A warning (not in check_data.errors) does not fail its file; it is reported beside it.
     assert cases["masks/7.png"].find("failure") is None
-    assert "warning: constant: all pixels are 0" in cases["masks/7.png"].find("system-out").text
+    assert cases["masks/7.png"].find("system-out").text == "warning: constant: all pixels are 0"
 
 
 def test_data_report_without_the_file_list_names_the_problem_files_only():
     report = data_report(problem("a.npy", "nan"), problem("b.npy", "empty"))
-    suite = parse(data_junit(report))
+    suite = parse(JUnit().render_data(report))
 
     assert [case.get("name") for case in suite.findall("testcase")] == ["a.npy", "b.npy"]
     assert suite.get("failures") == "2"
 
 
 def test_clean_data_report_without_the_file_list_is_one_passing_case():
-    suite = parse(data_junit(data_report(files_scanned=120)))
+    suite = parse(JUnit().render_data(data_report(files_scanned=120)))
 
     (case,) = suite.findall("testcase")
     assert case.get("name") == "check-data (120 files)"
     assert suite.get("failures") == "0"
 
 
-def test_problems_without_severity_count_as_errors():
-    bare = {"file": "a.csv", "key": "loss", "check": "nan", "count": 2, "detail": "2 NaN values"}
-    suite = parse(data_junit(data_report(bare)))
+def test_an_undecodable_file_name_still_gives_valid_xml():
+    suite = parse(JUnit().render_data(data_report(problem("bad\udcff\x01.npy", "unreadable"))))
 
-    assert suite.find("testcase/failure").get("type") == "nan"
-
-
-def test_write_text_writes_the_file_and_an_unwritable_path_is_a_usage_error(tmp_path):
-    target = tmp_path / "report.xml"
-    write_text(target, run_junit(nonfinite_report()))
-    assert parse(target.read_text(encoding="utf-8")).get("failures") == "1"
-
-    with pytest.raises(UsageError, match="cannot write"):
-        write_text(tmp_path / "missing-dir" / "report.xml", "x")
+    assert suite.find("testcase").get("name") == "bad\\udcff\\x01.npy"

@@ -1,4 +1,4 @@
-"""The terminal report, rendered to a StringIO: what a person sees at a glance."""
+"""The terminal report of a run and of a data check, rendered with a console on a StringIO."""
 from __future__ import annotations
 
 import io
@@ -6,8 +6,9 @@ import re
 
 from rich.console import Console
 
-from nandoctor.report.model import Cause, History, Location, OpSite, RunReport
-from nandoctor.report.terminal import print_report, sparkline
+from nandoctor.datacheck.model import DataReport, Problem
+from nandoctor.report.model import Cause, History, Location, Site, RunReport
+from nandoctor.report.terminal import Terminal, sparkline
 from nandoctor.stats import TensorSummary
 
 
@@ -17,19 +18,19 @@ def summary(name, nan=0, posinf=0, zeros=0, negatives=0, lo=-1.0, hi=1.0) -> Ten
 
 def rendered(report: RunReport, **console_options) -> str:
     buffer = io.StringIO()
-    console = Console(file=buffer, width=110, **console_options)
-    print_report(report, context_lines=1, console=console)
-    return buffer.getvalue()
+    text = Terminal(Console(file=buffer, width=110, **console_options), context_lines=1).render_run(report)
+    assert buffer.getvalue() == ""  # rendered to a string; the destination writes it
+    return text
 
 
 def nonfinite_report(tmp_path) -> RunReport:
     source = tmp_path / "train.py"
     source.write_text("x = load()\nloss = -(y * torch.log(p)).sum()  # [bold]not markup[/]\nloss.backward()\n")
     location = Location(str(source), 2, "<module>", "loss = -(y * torch.log(p)).sum()  # [bold]not markup[/]")
-    root = OpSite("aten.log.default", "forward", location, module="head",
+    root = Site("aten.log.default", "forward", location, module="head",
                   output=TensorSummary("output", (4,), "float32", -2.0, 0.0, 0, 0, 1, 0, 1, 4),
                   inputs=[summary("self", zeros=1, lo=0.0, hi=0.9)])
-    event = OpSite("aten.mul.Tensor", "forward", location, output=summary("output", nan=1))
+    event = Site("aten.mul.Tensor", "forward", location, output=summary("output", nan=1))
     return RunReport(
         status="nonfinite", exit_code=3, script="train.py", step=7, event=event, root=root,
         lineage=[root, event], reason="NaN",
@@ -56,11 +57,29 @@ def test_user_text_is_never_read_as_markup(tmp_path):
     assert "[bold]not markup[/]" in text
 
 
+def test_the_context_lines_setting_widens_the_source_excerpt(tmp_path):
+    report = nonfinite_report(tmp_path)
+    console = Console(file=io.StringIO(), width=110, no_color=True)
+
+    assert "     1 │ x = load()" not in Terminal(console, context_lines=0).render_run(report)
+    assert "     3 │ loss.backward()" in Terminal(console, context_lines=1).render_run(report)
+
+
 COLOUR_CODE = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-8]|9[0-7])[;m]")
 
 
 def test_no_escape_codes_without_a_terminal(tmp_path):
     assert "\x1b[" not in rendered(nonfinite_report(tmp_path), force_terminal=False)
+
+
+def test_the_target_streams_terminal_ness_decides_the_colour(tmp_path):
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    report = nonfinite_report(tmp_path)
+    assert COLOUR_CODE.search(Terminal(Console(file=Tty(), width=110)).render_run(report))
+    assert "\x1b[" not in Terminal(Console(file=io.StringIO(), width=110)).render_run(report)
 
 
 def test_no_color_keeps_bold_but_drops_every_colour(tmp_path):
@@ -85,3 +104,47 @@ def test_a_script_error_says_nothing_was_found_before_it():
 def test_sparkline_is_log_scaled_and_marks_non_finite_values():
     assert sparkline([1.0, 10.0, 100.0, 1000.0]) == "▁▃▆█"
     assert sparkline([1.0, float("nan"), None]) == "▁! "
+
+
+# -- check-data -------------------------------------------------------------------------
+
+
+def rendered_data(report: DataReport) -> str:
+    return Terminal(Console(file=io.StringIO(), width=200, color_system=None)).render_data(report)
+
+
+def report_with(*problems, scanned=3):
+    return DataReport(files_scanned=scanned, problems=list(problems))
+
+
+def test_clean_data_report_is_one_summary_line():
+    assert rendered_data(report_with()).strip() == "3 files checked, no problems"
+
+
+def test_problems_are_grouped_by_file_and_counted_in_the_summary():
+    text = rendered_data(report_with(
+        Problem("a.npz", "x", "nan", 2, "2 NaN"),
+        Problem("masks/0007.png", None, "constant", 1, "all 0", severity="warning"),
+        Problem("a.npz", "y", "inf", 1, "1 Inf"),
+    ))
+    assert text.count("a.npz") == 1  # the file is named once for its group
+    assert text.index("1 Inf") < text.index("masks/0007.png")  # its problems are together
+    assert "3 problems in 2 files (2 errors, 1 warning)" in text
+
+
+def test_file_names_with_markup_newlines_and_bad_bytes_are_shown_literally():
+    odd = "[bold]x\ny\udcff.npy"
+    text = rendered_data(report_with(Problem(odd, None, "nan", 1, "1 NaN [red]")))
+    assert "[bold]x\\ny\\xff.npy" in text and "1 NaN [red]" in text
+
+
+def test_skipped_files_are_mentioned():
+    report = DataReport(files_scanned=1, files_skipped=4)
+    assert "4 files skipped" in rendered_data(report)
+
+
+def test_errors_are_red_and_warnings_yellow_on_a_terminal():
+    console = Console(file=io.StringIO(), width=200, force_terminal=True, color_system="standard")
+    text = Terminal(console).render_data(report_with(
+        Problem("a.npy", None, "nan", 1, ""), Problem("b.npy", None, "constant", 1, "", severity="warning")))
+    assert "\x1b[1;31mnan" in text and "\x1b[33mconstant" in text

@@ -90,11 +90,15 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
         # seen as an input of an op.
         what = (f"the value entering torch holds {_bad(ev.output)}" if not ev.root.inputs else
                 f"an input to `{ev.op or 'the model'}` already held NaN/Inf that no torch op made: {_bad_inputs(ev)}")
+        batch = next((site.facts.batch for site in ev.lineage if site.facts.batch is not None), None)
+        arrived = (f" It reached training in batch {batch.number}"
+                   + (f" (dataset indices {list(batch.dataset_indices)})" if batch.dataset_indices else "") + "."
+                   if batch is not None else "")
         return Cause(
             "nonfinite_input_data",
             "an input was already non-finite when it reached torch",
             f"At {ev.where} ({ev.code}) {what}. It came from outside torch (numpy, pandas, a file, a tensor built "
-            "from Python numbers).",
+            f"from Python numbers).{arrived}",
             "Check the data before it reaches the model (`nandoctor check-data`), and where it is built: "
             "`assert torch.isfinite(x).all()` after loading, or `torch.nan_to_num` if missing values are expected.",
         )

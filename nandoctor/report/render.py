@@ -1,0 +1,119 @@
+"""The one shape every output format has, where its text goes, and `publish`.
+
+A format is a `Renderer`: it turns either report, the run's (`RunReport`) or the data
+check's (`DataReport`), into text. A `Destination` puts that text somewhere: a stream, a
+file replaced atomically, a file appended to. An `Output` pairs the two, and `publish`
+renders a report for each output of a command in turn. Adding a format is one module in
+`nandoctor/report/` with a class that implements `Renderer`; nothing here changes.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol, TextIO, Union
+
+from nandoctor.errors import UsageError
+from nandoctor.report.model import RunReport
+
+if TYPE_CHECKING:  # at run time only by duck type: `nandoctor run` never loads the data readers
+    from nandoctor.datacheck.model import DataReport
+
+Report = Union[RunReport, "DataReport"]
+
+
+class Renderer(Protocol):
+    """One output format, for both reports. Returns the whole text ('' for nothing)."""
+
+    def render_run(self, report: RunReport) -> str: ...
+
+    def render_data(self, report: DataReport) -> str: ...
+
+
+def render(renderer: Renderer, report: Report) -> str:
+    if isinstance(report, RunReport):
+        return renderer.render_run(report)
+    return renderer.render_data(report)
+
+
+class Destination(Protocol):
+    def write(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A text stream (stderr, stdout), flushed after each text."""
+
+    stream: TextIO
+
+    def write(self, text: str) -> None:
+        if text:
+            self.stream.write(text)
+            self.stream.flush()
+
+
+@dataclass(frozen=True)
+class AtomicFile:
+    """A report file, replaced whole: a reader never sees half of it, also after Ctrl-C or a
+    full disk. A path that cannot be written is the user's error (exit 2), one line."""
+
+    path: Path
+
+    def check(self) -> None:
+        """Fail before the work (hours of training) rather than after it."""
+        folder = self.path.parent
+        problem = ("does not exist" if not folder.exists() else "is not a folder" if not folder.is_dir()
+                   else "is not writable" if not os.access(folder, os.W_OK) else None)
+        if problem:
+            raise UsageError(f"cannot write report to {self.path}: folder {folder} {problem}")
+
+    def write(self, text: str) -> None:
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
+                handle.write(text)
+            os.chmod(tmp, 0o666 & ~_umask())  # as open() would make it; mkstemp makes it private
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise UsageError(f"cannot write report to {self.path}: {exc.strerror or exc}") from None
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+@dataclass(frozen=True)
+class AppendFile:
+    """A file other steps write to as well ($GITHUB_STEP_SUMMARY): the text is added at its
+    end. A failure goes to `on_error` when given (a warning, not a failed run), else exit 2."""
+
+    path: Path
+    on_error: Callable[[OSError], None] | None = None
+
+    def write(self, text: str) -> None:
+        try:
+            with open(self.path, "a", encoding="utf-8", errors="backslashreplace") as handle:
+                handle.write(text)
+        except OSError as exc:
+            if self.on_error is None:
+                raise UsageError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
+            self.on_error(exc)
+
+
+@dataclass(frozen=True)
+class Output:
+    renderer: Renderer
+    destination: Destination
+
+
+def publish(report: Report, outputs: Iterable[Output]) -> None:
+    """Render `report` for every output, in order, and write each text to its destination."""
+    for output in outputs:
+        output.destination.write(render(output.renderer, report))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
