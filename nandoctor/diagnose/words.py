@@ -34,32 +34,29 @@ def inf_source(facts: SiteFacts) -> str | None:
     return facts.inf_written_by
 
 
+_STOP_REASONS = {
+    StopReason.OP_MADE_NAN: "NaN",
+    StopReason.OP_MADE_INF: "Inf",
+    StopReason.LOSS: "the loss is non-finite",
+    StopReason.GRADIENT_RETURNED: "a gradient returned by torch.autograd.grad is non-finite",
+    StopReason.GRADIENT_BEFORE_STEP: "a gradient is non-finite before the optimizer step",
+    StopReason.PARAMETER_BEFORE_STEP: "a parameter is non-finite before the optimizer step",
+    StopReason.READ_BACK: "the script read a non-finite value back (.item(), .tolist(), .numpy() or print)",
+}
+
+
 def stop_reason(reason: StopReason, event: Site) -> str:
     """Why the run stopped at the event, in a phrase."""
     facts = event.facts
-    if reason is StopReason.OP_MADE_NAN:
-        return "NaN"
-    if reason is StopReason.OP_MADE_INF:
-        return "Inf"
-    if reason is StopReason.LOSS:
-        return "the loss is non-finite"
     if reason is StopReason.GRADIENT_AFTER_BACKWARD:
         named = facts.parameter is not None and facts.parameter.name
         return f"the gradient of `{facts.parameter.name}` is non-finite after backward()" if named else \
             "a gradient is non-finite after backward()"
-    if reason is StopReason.GRADIENT_RETURNED:
-        return "a gradient returned by torch.autograd.grad is non-finite"
-    if reason is StopReason.GRADIENT_BEFORE_STEP:
-        return "a gradient is non-finite before the optimizer step"
-    if reason is StopReason.PARAMETER_BEFORE_STEP:
-        return "a parameter is non-finite before the optimizer step"
     if reason is StopReason.UPDATE:
         return f"optimizer.step() ({facts.optimizer}) made a parameter non-finite"
     if reason is StopReason.PARAMETER_WRITTEN:
         return f"a non-finite value was written into {parameter_phrase(facts.parameter)}"
-    if reason is StopReason.READ_BACK:
-        return "the script read a non-finite value back (.item(), .tolist(), .numpy() or print)"
-    raise ValueError(f"no words for {reason}")
+    return _STOP_REASONS[reason]
 
 
 def site_brief(site: Site) -> str:

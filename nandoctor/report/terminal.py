@@ -62,10 +62,15 @@ def run_renderable(report: RunReport, context_lines: int = 2):
 def _clean(report: RunReport) -> Text:
     steps = f" over {report.step} optimizer steps" if report.step is not None else ""
     why = " (stopped at --max-steps)" if report.stopped_by == "max_steps" else ""
-    return Text.from_markup(
-        f"[bold green]nandoctor: clean[/] — no NaN or Inf in {escape(report.script)}{steps}{why}; "
+    made = sum(d.count for d in report.discarded)
+    what = "no NaN or Inf" if not made else "no NaN or Inf that mattered"
+    text = Text.from_markup(
+        f"[bold green]nandoctor: clean[/] — {what} in {escape(report.script)}{steps}{why}; "
         f"the script exited {report.exit_code}."
     )
+    for note in report.notes:
+        text.append_text(Text.from_markup(f"\n[dim]note:[/] {escape(note)}"))
+    return text
 
 
 def _script_error(report: RunReport) -> Text:

@@ -87,6 +87,20 @@ class TestDivision:
         assert cause.id == "zero_variance"
         assert "eps" in cause.fix or "1e-5" in cause.fix
 
+    @pytest.mark.parametrize("normalise", [
+        lambda x: (x - x.mean(0)) / x.std(0),
+        lambda x: (x - x.min(0).values) / (x.max(0).values - x.min(0).values),
+    ])
+    def test_a_constant_column_normalised_without_autograd_is_zero_variance(self, normalise):
+        x = torch.ones(8, 3)
+        cause = cause_of(lambda: normalise(x))
+        assert cause.id == "zero_variance"
+
+    def test_near_miss_a_zero_count_is_plain_division_by_zero(self):
+        counts = torch.tensor([0.0, 2.0])
+        cause = cause_of(lambda: torch.tensor([0.0, 1.0]) / counts)
+        assert cause.id == "div_by_zero"
+
     def test_near_miss_masked_division_done_the_safe_way(self):
         pred = torch.nn.Parameter(torch.randn(6))
         target = torch.tensor([1.0, 0.0, 2.0, 0.0, 3.0, 1.0])

@@ -6,6 +6,8 @@ line whose backward failed).
 """
 from __future__ import annotations
 
+import re
+
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import EXP_LIMIT, Evidence, count_of, fmt
 from nandoctor.diagnose.registry import op_rule
@@ -77,7 +79,7 @@ def div_by_zero(ev: Evidence) -> Cause | None:
     if den is None or not den.zeros:
         return None
     producer = _producer(ev, den.name) or ""
-    if producer.startswith(("Std", "Var")):
+    if producer.startswith(("Std", "Var")) or _divides_by_a_spread(ev):
         return zero_variance(ev)
     both = num is not None and num.zeros
     kind = "0/0 = NaN where the numerator is 0 too, x/0 = ±Inf elsewhere" if both else "x/0 = ±Inf (0/0 = NaN)"
@@ -90,6 +92,17 @@ def div_by_zero(ev: Evidence) -> Cause | None:
         "Guard the denominator: `x / d.clamp_min(eps)` or `x / (d + eps)`; for a max/sum normaliser, "
         "skip or special-case empty inputs (`d = m.max(); m / d if d > 0 else m`).",
     )
+
+
+# A divisor written as a spread of values: `x.std(0)`, `torch.var(x)`, `(x.max() - x.min())`.
+_SPREAD = re.compile(r"\b(std|var)\b|\bmax\b[^/]*-[^/]*\bmin\b")
+
+
+def _divides_by_a_spread(ev: Evidence) -> bool:
+    """Does the line divide by a std, a variance or a max - min (which a constant makes 0)?
+    Read from the code when autograd did not record what made the divisor (no_grad)."""
+    code = ev.root.location.code if ev.root.location else ""
+    return "/" in code and bool(_SPREAD.search(code.split("/", 1)[1]))
 
 
 def zero_variance(ev: Evidence) -> Cause:
