@@ -145,7 +145,7 @@ class Detector(Observer):
             finite = math.isfinite(value) if value is not None else all_finite(t)
             if finite:
                 return
-            record = self.recorder.existing_or_bare(t, "", self.state.phase(None, (), self.modules.current, self.modules.building))
+            record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
         if not record.intended:  # a -inf mask or an allowed line's value may be printed
             self.stop(record, StopReason.READ_BACK)
 
@@ -180,7 +180,7 @@ class Detector(Observer):
         with self.internal():
             if all_finite(t):
                 return
-            record = self.recorder.entered(op, t, self.state.phase(None, (), None, self.modules.building))
+            record = self.recorder.entered(op, t, self.recorder.phase(None, ()))
         self.records.put(t, record)
 
     def saving(self, obj) -> None:

@@ -138,8 +138,7 @@ class DeferredOps:
             seq, node_name, module = created_seq, None, r.modules.current
             # An op that built an autograd node has its line in the node sites already.
             where = None if created_seq is not None else r.locator.user_frame(2)
-        entry = FlaggedOp(func, r.state.phase(node, args, r.modules.current, r.modules.building), out.dtype, seq, node_name, where,
-                          module, r.state.step_or_none)
+        entry = FlaggedOp(func, r.phase(node, args), out.dtype, seq, node_name, where, module, r.state.step_or_none)
         return self.flags.add(out, entry)
 
     def read(self):

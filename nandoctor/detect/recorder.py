@@ -75,7 +75,7 @@ class Recorder:
             facts.parameter = facts.parameter or written
         output = summarize(out, "output")
         record = Record(
-            op=op_name(func), phase=self.state.phase(node, args, self.modules.current, self.modules.building), where=where, module=module,
+            op=op_name(func), phase=self.phase(node, args), where=where, module=module,
             backward_node=node_name, node_seq=seq, step=self.state.step_or_none, output=output, inputs=inputs,
             parents=parents, has_nan=output.nan > 0, intended=intended, facts=facts,
         )
@@ -89,6 +89,10 @@ class Recorder:
         elif record.phase == "forward" and created_seq is not None and not intended:
             self.forward_by_node[created_seq] = record
         return record
+
+    def phase(self, node, args) -> str:
+        """The phase of an op running now (see TrainingState.phase)."""
+        return self.state.phase(node, args, self.modules.current, self.modules.building)
 
     def _parents(self, tensors, overwritten: str | None, before) -> tuple[list[Record], SiteFacts]:
         """The records of the non-finite inputs; an input non-finite with no record came
