@@ -56,6 +56,27 @@ def test_a_clean_report_has_null_event_root_cause_and_empty_lineage(tmp_path, sc
     assert report["lineage"] == []
 
 
+DISCARDING = """\
+import torch
+with torch.no_grad():
+    p = torch.tensor([0.5, 0.0, 0.5])
+    entropy = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum()
+print(round(entropy.item(), 3))
+"""
+
+
+def test_a_clean_run_lists_where_discarded_values_were_made(tmp_path, script):
+    script("train.py", DISCARDING)
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 0 and result.stdout == "0.693\n"
+    report = result.report
+    assert report["status"] == "clean"
+    assert report["discarded"] == [{"op": "aten.log.default", "made": "inf", "count": 1, "allowed": False,
+                                    "location": {"file": "train.py", "line": 4, "function": "<module>",
+                                                 "code": DISCARDING.splitlines()[3].strip()}}]
+    assert "1 non-finite value was made and discarded" in report["notes"][0]
+
+
 def test_the_run_json_is_to_dict_indented_with_a_final_newline():
     report = RunReport(status="clean", exit_code=0, script="träin.py", step=2)
 

@@ -7,7 +7,8 @@ import re
 from rich.console import Console
 
 from nandoctor.datacheck.model import DataReport, Problem
-from nandoctor.report.model import Cause, History, Location, Site, RunReport
+from nandoctor.diagnose import build_report
+from nandoctor.report.model import Cause, Discarded, History, Location, Site, RunReport
 from nandoctor.report.terminal import Terminal, sparkline
 from nandoctor.stats import TensorSummary
 
@@ -94,6 +95,15 @@ def test_a_clean_run_is_one_line():
         "nandoctor: clean — no NaN or Inf in train.py over 5 optimizer steps (stopped at --max-steps); the script "
         "exited 0."
     )
+
+
+def test_a_clean_run_that_discarded_values_says_so_with_its_notes():
+    discarded = [Discarded("aten.log.default", Location("train.py", 27, "<module>", "h = p * torch.log(p)"), "inf", 12)]
+    report = build_report("train.py", exit_code=0, step=12, discarded=discarded)
+    text = rendered(report)
+    assert "nandoctor: clean — no NaN or Inf that mattered in train.py over 12 optimizer steps" in text
+    assert "note: 12 non-finite values were made and discarded" in text
+    assert "aten.log.default at train.py:27 (Inf ×12)" in text
 
 
 def test_a_script_error_says_nothing_was_found_before_it():
