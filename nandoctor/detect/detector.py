@@ -178,7 +178,7 @@ class Detector(Observer):
         if self.passive or not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.is_meta:
             return
         with self.internal():
-            if all_finite(t):
+            if self.records.get(t) is not None or all_finite(t):  # (from_numpy also lifts)
                 return
             record = self.recorder.entered(op, t, self.recorder.phase(None, ()))
         self.records.put(t, record)

@@ -83,4 +83,4 @@ def discarded_notes(discarded: list[Discarded], listed: int = 5) -> list[str]:
 
 def _discarded_site(d: Discarded) -> str:
     where = f" at {d.location}" if d.location else ""
-    return f"{d.op}{where} ({'NaN' if d.made == 'nan' else 'Inf'} ×{d.count})"
+    return f"{d.op or 'a value entering torch'}{where} ({'NaN' if d.made == 'nan' else 'Inf'} ×{d.count})"
