@@ -18,9 +18,11 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
             needs_replay: bool = False, flagged_suspects: list[Record] = ()) -> Detection:
     chain = _ancestry(event, forward_by_node)
     root = chain[-1]
-    intended = next((p for p in root.parents if p.intended), None)
+    intended = next((p for p in root.parents if p.intended or _legit_for(root, p)), None)
     if intended is not None:
-        # The root consumed an Inf written on purpose (a -inf mask): say where it was.
+        intended = _birth(intended)
+        # The root consumed an Inf written on purpose (a -inf mask) or a forward -inf that
+        # was fine where it was made (log-space): say where it was.
         root.facts.inf_written_at = locator.location(intended.where)
         root.facts.inf_written_by = None if root.facts.inf_written_at else intended.op
     chain.reverse()
@@ -34,14 +36,17 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
     """The event first, then each earliest non-finite parent, down to the root."""
     chain = [event]
     while True:
-        parents = [p for p in chain[-1].parents if not p.intended and p not in chain]
+        child = chain[-1]
+        parents = [p for p in child.parents if not p.intended and not _legit_for(child, p) and p not in chain]
         if not parents:
             break
         chain.append(min(parents, key=lambda r: r.order))
     root = chain[-1]
     if root.phase == "backward" and root.node_seq is not None:
         forward = forward_by_node.get(root.node_seq)
-        if forward is not None:
+        # Only a forward op that made its Inf from finite inputs: one that passed on a -inf
+        # written on purpose (a mask) is legit, and the backward formula is the root.
+        if forward is not None and not forward.parents:
             forward.facts.gradient_leak_through = root.backward_node
             chain.append(forward)
     elif root.phase != "backward" and root.facts.masked:
@@ -50,6 +55,25 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
         node = next((r.backward_node for r in reversed(chain) if r.phase == "backward"), None)
         root.facts.gradient_leak_through = node
     return chain
+
+
+def _birth(record: Record) -> Record:
+    """The earliest non-finite ancestor of `record` (itself when it was born there)."""
+    while True:
+        parents = [p for p in record.parents if not p.intended]
+        if not parents:
+            return record
+        record = min(parents, key=lambda r: r.order)
+
+
+def _legit_for(child: Record, parent: Record) -> bool:
+    """A forward -inf (and nothing worse: log(0) of a mask, a log-probability) is a legit
+    value; when a built-in backward formula turns it into NaN (LogsumexpBackward over an
+    all -inf row), that formula is the root, not the -inf."""
+    out = parent.output
+    return (child.phase == "backward" and not child.facts.user_backward and child.has_nan
+            and parent.phase != "backward" and out is not None
+            and out.neginf > 0 and out.nan == 0 and out.posinf == 0)
 
 
 def site_of(r: Record, locator: SourceLocator) -> Site:

@@ -277,6 +277,22 @@ class TestContext:
         assert cause.id == "inf_arithmetic"
 
 
+def test_logsumexp_backward_over_an_all_minus_inf_row_is_rooted_in_backward():
+    s = torch.nn.Parameter(torch.randn(3, 4))
+    allowed = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0]])
+    result = detect(lambda: torch.logsumexp(s + torch.log(allowed), -1)[1:].sum().backward())
+    root = result.detection.root
+    assert root.phase == "backward" and root.backward_node == "LogsumexpBackward0"
+    cause = cause_of(lambda: torch.logsumexp(s + torch.log(allowed), -1)[1:].sum().backward())
+    assert cause.id == "inf_arithmetic" and "The Inf was written at" in cause.explanation
+
+
+def test_near_miss_logsumexp_over_rows_that_keep_a_finite_entry_is_clean():
+    s = torch.nn.Parameter(torch.randn(3, 4))
+    allowed = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0]])
+    assert stays_clean(lambda: torch.logsumexp(s + torch.log(allowed), -1).sum().backward())
+
+
 def test_an_inf_written_by_a_seen_op_is_never_said_to_come_from_outside():
     scores = torch.randn(2, 3)
     mask = torch.tensor([[True, True, True], [False, True, False]])
