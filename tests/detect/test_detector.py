@@ -277,6 +277,29 @@ class TestUserCodeInsideBackward:
         d = detect(train).detection
         assert d is not None and d.root.location.line == line_of("MARK-hook")
 
+    def test_a_module_backward_hook_is_reported_at_its_own_line(self):
+        layer = torch.nn.Linear(3, 2)
+        layer.register_full_backward_hook(
+            lambda module, grad_in, grad_out: (grad_in[0] / grad_in[0].abs().sum(),))  # MARK-module-hook
+
+        def train():
+            x = torch.zeros(4, 3, requires_grad=True)
+            (layer(x) * 0).sum().backward()
+
+        d = detect(train).detection
+        assert d.root.op == "aten.div.Tensor" and d.root.facts.user_backward
+        assert d.root.location.line == line_of("MARK-module-hook")
+
+    def test_double_backward_reports_the_line_of_the_penalty(self):
+        w = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
+
+        def gradient_penalty():
+            (g,) = torch.autograd.grad((w ** 3).sum(), w, create_graph=True)
+            torch.sqrt(g).sum().backward()  # MARK-penalty
+
+        d = detect(gradient_penalty).detection
+        assert d.root.backward_node == "SqrtBackward0" and d.root.location.line == line_of("MARK-penalty")
+
     def test_a_builtin_backward_formula_keeps_the_forward_line(self):
         p = torch.nn.Parameter(torch.zeros(2))
         d = detect(lambda: torch.sqrt(p * 1).sum().backward()).detection  # MARK-builtin
