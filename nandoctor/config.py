@@ -3,10 +3,14 @@
 The defaults below are the single source; `configs/default.yaml` is the same text for users
 to copy (a test keeps the two equal). A user file only lists what it changes. Unknown keys
 and values of the wrong type are errors, so a typo never silently does nothing.
+
+`--config` also takes the name of a preset shipped inside the package (`--config ci`, from
+`nandoctor/presets/ci.yaml`), so a CI recipe works in any repository.
 """
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -128,11 +132,46 @@ def _build(merged: dict[str, Any], source: str) -> Config:
     return Config(source=source, **{k: _frozen(v) for k, v in merged.items()})
 
 
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def presets() -> list[str]:
+    """The names of the presets shipped with nandoctor (`--config NAME`)."""
+    try:
+        return sorted(p.stem for p in PRESETS_DIR.iterdir() if p.suffix == ".yaml" and p.is_file())
+    except OSError:
+        return []
+
+
+def _is_preset_name(value: str) -> bool:
+    """A bare word: no path separator and no YAML suffix."""
+    separators = [s for s in ("/", os.sep, os.altsep) if s]
+    return bool(value) and not any(s in value for s in separators) \
+        and not value.lower().endswith(_YAML_SUFFIXES)
+
+
+def resolve_config(value: str | Path | None) -> Path | None:
+    """The file `--config VALUE` names: a bundled preset for a bare name such as `ci`, else
+    the path as given. A bare name that is neither a preset nor a file is a ConfigError."""
+    if value is None:
+        return None
+    text = str(value)
+    if _is_preset_name(text):
+        if text in presets():
+            return PRESETS_DIR / f"{text}.yaml"
+        if not Path(text).is_file():
+            known = ", ".join(presets()) or "none"
+            raise ConfigError(f"unknown config preset '{text}' and no such file (presets: {known})")
+    return Path(value)
+
+
 def load_config(path: str | Path | None = None) -> Config:
-    """The defaults, with the YAML file at `path` merged over them when given."""
+    """The defaults, with the YAML file at `path` (or the preset it names) merged over them."""
     merged = copy.deepcopy(DEFAULTS)
     if path is None:
         return _build(merged, "defaults")
+    path = resolve_config(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -1,5 +1,6 @@
 """configs/ci.yaml, as a CI job uses it: a short, strict smoke test of a training script and
-strict data checks. Each promise is checked against the default config, which differs."""
+strict data checks. Each promise is checked against the default config, which differs.
+The same file ships as the preset `--config ci` (nandoctor/presets/ci.yaml)."""
 from __future__ import annotations
 
 import json
@@ -51,9 +52,14 @@ MASKED_BF16_INF = textwrap.dedent(
 )
 
 
-def test_a_healthy_run_stops_cleanly_after_20_steps(tmp_path, script):
+def test_the_shipped_preset_is_configs_ci_yaml():
+    assert (REPO / "nandoctor" / "presets" / "ci.yaml").read_bytes() == (REPO / "configs" / "ci.yaml").read_bytes()
+
+
+@pytest.mark.parametrize("config", [CI_YAML, "ci"])
+def test_a_healthy_run_stops_cleanly_after_20_steps(tmp_path, script, config):
     script("train.py", HEALTHY_1000_STEPS)
-    result = run_nandoctor(["run", "--config", CI_YAML, "train.py"], tmp_path)
+    result = run_nandoctor(["run", "--config", config, "train.py"], tmp_path)
     assert result.code == 0, result.stderr
     assert result.report["status"] == "clean"
     assert result.report["step"] == 20

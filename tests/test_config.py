@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nandoctor.config import DEFAULTS, load_config
+from nandoctor.config import DEFAULTS, PRESETS_DIR, load_config, presets
 from nandoctor.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,3 +65,33 @@ def test_every_mode_the_config_accepts_is_a_run_mode_class():
     from nandoctor.modes import MODES
 
     assert set(MODES) == set(CHOICES[("run", "mode")])
+
+
+def test_the_ci_preset_loads_by_name_and_is_configs_ci_yaml():
+    assert "ci" in presets()
+    # The repository's configs/ci.yaml is a copy of the shipped preset, kept identical.
+    assert (PRESETS_DIR / "ci.yaml").read_text() == (REPO / "configs" / "ci.yaml").read_text()
+    by_name, by_path = load_config("ci"), load_config(REPO / "configs" / "ci.yaml")
+    assert by_name.as_dict() == by_path.as_dict()
+    assert by_name.run["max_steps"] == 20 and "bfloat16" in by_name.run["stop_on_inf_dtypes"]
+
+
+def test_the_presets_are_package_data():
+    text = (REPO / "pyproject.toml").read_text()
+    assert '[tool.setuptools.package-data]' in text and '"presets/*.yaml"' in text
+    assert PRESETS_DIR == REPO / "nandoctor" / "presets"
+
+
+def test_an_unknown_preset_name_is_a_config_error_listing_the_presets(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"unknown config preset 'cii'.*\(presets: .*ci"):
+        load_config("cii")
+    # A path-looking value stays a path: its own error, not a preset one.
+    with pytest.raises(ConfigError, match="cannot read config ci.yaml"):
+        load_config("ci.yaml")
+
+
+def test_a_bare_name_that_is_a_file_is_still_read_as_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").write_text("run:\n  max_steps: 7\n")
+    assert load_config("mine").run["max_steps"] == 7

@@ -22,8 +22,9 @@ def check_data(
              "or package.module:NAME."),
     json_path: Optional[Path] = typer.Option(
         None, "--json", metavar="PATH", help="Also write the report as JSON (schema nandoctor.data/1)."),
-    config_path: Optional[Path] = typer.Option(
-        None, "--config", metavar="PATH", help="YAML config merged over the defaults (section check_data)."),
+    config_path: Optional[str] = typer.Option(
+        None, "--config", metavar="PATH|PRESET",
+        help="YAML config merged over the defaults (section check_data), or a bundled preset by name (ci)."),
     num_classes: Optional[int] = typer.Option(
         None, "--num-classes", metavar="N", help="Integer label arrays must lie in [0, N)."),
     workers: Optional[int] = typer.Option(

@@ -33,15 +33,35 @@ _SHORT = 300
 @dataclass(frozen=True)
 class Annotations:
     """`::error`/`::warning` workflow commands, one a line; at most `limit` for a data check
-    (None: no limit)."""
+    (None: no limit). `file=` is relative to `workspace` ($GITHUB_WORKSPACE) when given."""
 
     limit: int | None = 10
+    workspace: str | None = None
 
     def render_run(self, report: RunReport) -> str:
-        return _lines(run_annotations(report))
+        return _lines(run_annotations(report, self.workspace))
 
     def render_data(self, report: DataReport) -> str:
-        return _lines(data_annotations(report, self.limit))
+        return _lines(data_annotations(report, self.limit, self.workspace))
+
+
+def annotation_path(file: str | None, workspace: str | None) -> str | None:
+    """`file` as GitHub wants it in an annotation: relative to the workspace (the repository
+    checkout) when it lies under it, relative paths being taken from the current directory;
+    otherwise unchanged."""
+    if not file or not workspace:
+        return file
+    path, root = Path(os.path.abspath(file)), Path(os.path.abspath(workspace))
+    try:
+        pairs = [(path, root), (path.resolve(), root.resolve())]  # then through symlinks
+    except (OSError, RuntimeError):
+        pairs = [(path, root)]
+    for candidate, base in pairs:
+        try:
+            return candidate.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return file
 
 
 class StepSummary:
@@ -68,7 +88,8 @@ def outputs(stream: TextIO, max_annotations: int | None = 10,
     environ = os.environ if environ is None else environ
     if not in_github_actions(environ):
         return []
-    found = [Output(Annotations(max_annotations), Stream(stream))]
+    workspace = environ.get("GITHUB_WORKSPACE") or None
+    found = [Output(Annotations(max_annotations, workspace), Stream(stream))]
     summary_path = environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
         def warn(exc: OSError) -> None:
@@ -109,7 +130,7 @@ def _short(text: str) -> str:
 # -- nandoctor run ----------------------------------------------------------------------
 
 
-def run_annotations(report: RunReport) -> list[str]:
+def run_annotations(report: RunReport, workspace: str | None = None) -> list[str]:
     """One `::error` on the root op's source line for a non-finite run; nothing otherwise."""
     root = report.root or report.event
     if report.status != "nonfinite" or root is None:
@@ -127,7 +148,7 @@ def run_annotations(report: RunReport) -> list[str]:
     location = root.location
     return [workflow_command(
         "error", "\n".join(lines),
-        file=location.file if location else None,
+        file=annotation_path(location.file, workspace) if location else None,
         line=location.line if location else None,
         title=f"nandoctor: {title}",
     )]
@@ -216,18 +237,30 @@ def run_summary_markdown(report: RunReport) -> str:
 # -- nandoctor check-data ---------------------------------------------------------------
 
 
-def data_annotations(report: DataReport, limit: int | None = 10) -> list[str]:
+def data_annotations(report: DataReport, limit: int | None = 10,
+                     workspace: str | None = None) -> list[str]:
     """One annotation per problem file (not per problem): `::error` when it has an error,
     `::warning` when it has only warnings; files with errors first; at most `limit`
-    (None: no limit)."""
+    (None: no limit), then one `::warning` counting the files left out (a limit of 0 turns
+    the annotations off)."""
     ordered = sorted(report.by_file().items(), key=lambda item: not _has_error(item[1]))
+    left_out = 0
     if limit is not None:
-        ordered = ordered[: max(limit, 0)]
+        if limit <= 0:
+            return []
+        left_out = max(len(ordered) - limit, 0)
+        ordered = ordered[:limit]
     lines = []
     for name, problems in ordered:
         command = "error" if _has_error(problems) else "warning"
         lines.append(workflow_command(command, "\n".join(problem_line(p) for p in problems),
-                                      file=name, title=f"nandoctor check-data: {checks(problems)}"))
+                                      file=annotation_path(name, workspace),
+                                      title=f"nandoctor check-data: {checks(problems)}"))
+    if left_out:
+        noun = "file" if left_out == 1 else "files"
+        lines.append(workflow_command(
+            "warning", f"and {left_out} more {noun} with problems (see the step summary / JSON report)",
+            title="nandoctor check-data"))
     return lines
 
 

@@ -143,4 +143,8 @@ def test_github_annotations_are_capped_by_the_config(tmp_path):
     assert env_result.returncode == 3
     annotations = [line for line in env_result.stdout.splitlines() if line.startswith("::error file=")]
     assert len(annotations) == 2
+    # The files left out are counted, not silently dropped.
+    assert env_result.stdout.splitlines()[-1] == (
+        "::warning title=nandoctor check-data::"
+        "and 2 more files with problems (see the step summary / JSON report)")
     assert "4 of 4 files with problems" in (tmp_path / "summary.md").read_text()

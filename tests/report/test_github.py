@@ -7,6 +7,7 @@ from nandoctor.datacheck.model import DataReport, Problem
 from nandoctor.report.github import (
     Annotations,
     StepSummary,
+    annotation_path,
     escape_data,
     escape_property,
     outputs,
@@ -148,8 +149,45 @@ def test_data_annotations_are_one_per_file_errors_first_and_capped():
                         "nan in 'a' (×3): 3 NaN values%0Ainf in 'b': 1 +Inf value")
     assert lines[1] == "::error file=y.npy,title=nandoctor check-data%3A empty::empty: no elements"
     assert lines[2].startswith("::warning file=masks/1.png,")
-    assert len(Annotations(limit=2).render_data(report).splitlines()) == 2
+    capped = Annotations(limit=2).render_data(report).splitlines()
+    assert len(capped) == 3
+    assert [line.split(" ", 1)[0] for line in capped[:2]] == ["::error", "::error"]
+    # One more line says what was left out, so the cap is never silent.
+    assert capped[2] == ("::warning title=nandoctor check-data::"
+                         "and 1 more file with problems (see the step summary / JSON report)")
+    assert len(Annotations(limit=1).render_data(report).splitlines()) == 2
+    assert "and 2 more files with problems" in Annotations(limit=1).render_data(report)
+    assert "more file" not in Annotations(limit=3).render_data(report)
     assert Annotations(limit=0).render_data(report) == ""
+
+
+def test_annotation_paths_are_relative_to_the_workspace(tmp_path, monkeypatch):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    monkeypatch.chdir(sub)
+    workspace = str(tmp_path)
+    assert annotation_path("train.py", workspace) == "sub/train.py"
+    assert annotation_path("data/x.npy", workspace) == "sub/data/x.npy"
+    assert annotation_path(str(sub / "train.py"), workspace) == "sub/train.py"
+    assert annotation_path("../top.py", workspace) == "top.py"
+    # Outside the workspace, or no workspace: as given.
+    assert annotation_path("/usr/lib/python3/x.py", workspace) == "/usr/lib/python3/x.py"
+    assert annotation_path("train.py", None) == "train.py"
+
+    (line,) = Annotations(workspace=workspace).render_run(nonfinite_report()).splitlines()
+    assert line.startswith("::error file=sub/train.py,line=12,")
+    data = data_report(problem("x.npz", "nan", detail="1 NaN value"))
+    assert Annotations(workspace=workspace).render_data(data).startswith("::error file=sub/x.npz,")
+
+
+def test_outputs_take_the_workspace_from_github_workspace(tmp_path, monkeypatch):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    monkeypatch.chdir(sub)
+    stream = io.StringIO()
+    found = outputs(stream, 10, {"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(tmp_path)})
+    publish(nonfinite_report(), found)
+    assert stream.getvalue().startswith("::error file=sub/train.py,line=12,")
 
 
 def test_data_summary_lists_every_problem():
@@ -201,8 +239,11 @@ def test_the_annotation_limit_applies_to_data_reports(tmp_path):
 
     publish(report, outputs(stream, max_annotations=3, environ={"GITHUB_ACTIONS": "true"}))
 
-    assert [line.split(" ", 1)[1].split(",", 1)[0] for line in stream.getvalue().splitlines()] == [
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" ", 1)[1].split(",", 1)[0] for line in lines[:3]] == [
         "file=0.npy", "file=1.npy", "file=2.npy"]
+    assert lines[3:] == ["::warning title=nandoctor check-data::"
+                         "and 2 more files with problems (see the step summary / JSON report)"]
 
 
 def test_without_a_summary_file_only_the_annotations_are_written():
