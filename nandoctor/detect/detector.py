@@ -24,7 +24,7 @@ from nandoctor.detect import hooks
 from nandoctor.detect.batches import BatchChecks
 from nandoctor.detect.boundaries import BoundaryChecks
 from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
-from nandoctor.detect.lineage import explain
+from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.observer import NonFiniteFound, Observer, StepLimitReached
@@ -279,15 +279,20 @@ class Detector(Observer):
     def stop(self, event: Record, reason: StopReason, needs_replay: bool = False) -> None:
         """Stop the run at `event`: explain it (root, lineage) and raise into the script."""
         suspects: list[Record] = []
-        if self.deferred.were_read and not event.inputs and event.facts.device_flag is None:
-            # Found at a boundary in a run checked by device flags, which keep no lineage:
-            # a replay that checks each op at once finds the op; until then, the suspects
-            # the flags saw this step are the candidates, the first NaN (else Inf) the root.
+        born = birth_of(event)
+        came_in = born.facts.entered or born.facts.batch is not None  # data: its own root
+        if self.deferred.were_read and born.facts.device_flag is None and not came_in and \
+                (not born.inputs or born.facts.untracked_input):
+            # In a run checked by device flags, which keep no lineage, a value found bad
+            # with no op of its own behind it (at a boundary, or an input no record names)
+            # most likely came from a flagged op: a replay that checks each op at once finds
+            # it; until then the suspects the flags saw are the candidates, the first NaN
+            # (else Inf) the root.
             needs_replay = True
             suspects = self.deferred.suspects
             first = next((r for r in suspects if r.has_nan), suspects[0] if suspects else None)
-            if first is not None and not event.parents:
-                event.parents.append(first)
+            if first is not None and first is not born:
+                born.parents.append(first)
         self.passive = True
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
                                  needs_replay=needs_replay, flagged_suspects=suspects)

@@ -20,7 +20,7 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
     root = chain[-1]
     intended = next((p for p in root.parents if p.intended or _legit_for(root, p)), None)
     if intended is not None:
-        intended = _birth(intended)
+        intended = birth_of(intended)
         # The root consumed an Inf written on purpose (a -inf mask) or a forward -inf that
         # was fine where it was made (log-space): say where it was.
         root.facts.inf_written_at = locator.location(intended.where)
@@ -57,7 +57,7 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
     return chain
 
 
-def _birth(record: Record) -> Record:
+def birth_of(record: Record) -> Record:
     """The earliest non-finite ancestor of `record` (itself when it was born there)."""
     while True:
         parents = [p for p in record.parents if not p.intended]

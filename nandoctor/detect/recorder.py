@@ -173,6 +173,7 @@ class Recorder:
     def entered(self, op: str, t: torch.Tensor, phase: str) -> Record:
         """The record of a value that entered torch non-finite: a birth, from outside."""
         record = self.bare(op, t, phase)
+        record.facts.entered = True
         self.count_made(record)
         self._births.append(record)
         return record

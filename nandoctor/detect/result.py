@@ -111,6 +111,7 @@ class SiteFacts:
     written_by_optimizer: bool = False  # changed by optimizer.step(), outside the checked ops
     optimizer: str | None = None  # the optimizer's class
     untracked_input: bool = False  # an input was non-finite and no op nandoctor saw made it
+    entered: bool = False  # the value entered torch non-finite here (torch.tensor, from_numpy)
     inf_written_at: Location | None = None  # where the intended Inf this op consumed was written
     inf_written_by: str | None = None  # ...the op that wrote it, when it has no user line
     batch: BatchOrigin | None = None
@@ -134,7 +135,7 @@ class SiteFacts:
             out["parameter_shape"] = list(p.shape)
             if p.group is not None:
                 out["parameter_position"] = [p.group, p.index]
-        for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "written_by_optimizer", "untracked_input",
+        for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "entered", "written_by_optimizer", "untracked_input",
                     "user_backward"):
             if getattr(self, key):
                 out[key] = True

@@ -95,6 +95,19 @@ class TestDeferredDetection:
         assert detector.detection is None
         assert [(d.op, d.made) for d in detector.discarded()] == [("aten.log.default", "nan")]
 
+    def test_a_value_whose_lineage_the_flags_lost_is_traced_to_the_flagged_op(self):
+        def run():
+            z = torch.tensor([[1000.0, 0.0]])
+            p = torch.exp(z) / torch.exp(z).sum(1, keepdim=True)  # MARK-flagged: inf / inf
+            # nll_loss returns two tensors: checked on the host, its NaN input has no record
+            torch.nn.functional.nll_loss(torch.log(p), torch.tensor([0])).item()
+
+        result = detect(run, device_flags="always")
+        assert result.detection.needs_replay  # the replay, checking each op at once, finds exp
+        root = result.detection.root  # until then: the first flagged NaN
+        assert root.facts.device_flag == "nan" and root.op == "aten.div.Tensor"
+        assert "MARK-flagged" in root.location.code
+
     def test_a_minus_inf_attention_mask_is_still_legitimate(self):
         def attend():
             layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
