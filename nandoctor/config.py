@@ -24,8 +24,9 @@ DEFAULTS: dict[str, Any] = {
     "run": {
         # trace: check every op; watch: check at step boundaries, re-run the bad step under trace.
         "mode": "trace",
-        # dtypes in which any Inf stops the run at once (elsewhere an Inf is only a suspect
-        # until it reaches the loss, a gradient, a parameter or optimizer state).
+        # dtypes in which any Inf stops the run at once (elsewhere NaN and Inf are suspects
+        # until they reach the loss, a gradient, a parameter, optimizer state or a value the
+        # script reads back).
         "stop_on_inf_dtypes": ["float16"],
         # check batches as they come out of a DataLoader.
         "check_batches": True,

@@ -164,7 +164,7 @@ class Detector(Observer):
             self.recorder.filled(args, out)
 
     def read_flags(self) -> None:
-        """Read the pending device flags (one sync); a flagged NaN stops the run."""
+        """Read the pending device flags (one sync) and apply the policy to what they saw."""
         if not len(self.flags):
             return
         with self.internal():
