@@ -39,6 +39,20 @@ def detect(fn, **run_overrides) -> Detected:
     return Detected(detector, stopped)
 
 
+# A training script whose acos at exactly 1 gives an infinite gradient at its line 7.
+ACOS_AT_ONE = """\
+import torch
+torch.manual_seed(0)
+scale = torch.nn.Parameter(torch.tensor(1.0))
+opt = torch.optim.SGD([scale], lr=0.1)
+for step in range(5):
+    opt.zero_grad()
+    angle = torch.acos(torch.tensor([0.5, 1.0]) * (scale + 1e-3))
+    angle.mean().backward()
+    opt.step()
+"""
+
+
 def read_back(t):
     """What a script does with a value it keeps: read it (a NaN nobody reads never matters)."""
     return t.tolist()

@@ -4,21 +4,9 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from helpers import run_nandoctor
+from helpers import ACOS_AT_ONE as BROKEN, run_nandoctor
 
 COLOUR = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-8]|9[0-7])[;m]")
-
-BROKEN = """\
-import torch
-torch.manual_seed(0)
-scale = torch.nn.Parameter(torch.tensor(1.0))
-opt = torch.optim.SGD([scale], lr=0.1)
-for step in range(5):
-    opt.zero_grad()
-    angle = torch.acos(torch.tensor([0.5, 1.0]) * (scale + 1e-3))
-    angle.mean().backward()
-    opt.step()
-"""
 
 HEALTHY = """\
 import torch

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from helpers import run_nandoctor
+from helpers import ACOS_AT_ONE as BROKEN, run_nandoctor
 
 HEALTHY = """\
 import torch
@@ -20,19 +20,6 @@ for step in range(100):
     opt.step()
 print("finished")
 """
-
-BROKEN = """\
-import torch
-torch.manual_seed(0)
-scale = torch.nn.Parameter(torch.tensor(1.0))
-opt = torch.optim.SGD([scale], lr=0.1)
-for step in range(5):
-    opt.zero_grad()
-    angle = torch.acos(torch.tensor([0.5, 1.0]) * (scale + 1e-3))
-    angle.mean().backward()
-    opt.step()
-"""
-
 
 def _props(line: str) -> dict[str, str]:
     head = line.split(" ", 1)[1].split("::", 1)[0]
