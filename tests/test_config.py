@@ -56,7 +56,10 @@ def test_a_setting_with_fixed_choices_rejects_any_other_word(tmp_path, text, mes
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(path)
-    with pytest.raises(ConfigError, match="unknown mode"):
+
+
+def test_a_command_line_override_is_checked_like_the_file():
+    with pytest.raises(ConfigError, match="unknown mode 'fast'"):
         load_config().with_overrides("run", mode="fast")
 
 

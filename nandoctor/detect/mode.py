@@ -90,8 +90,8 @@ class CheckingMode(TorchDispatchMode):
                 # Autograd numbered a node for this op: remember the forward line for backward.
                 created = seq - 1
                 d.sites.note(seq, (d.locator.user_frame(1), d.modules.current))
-        before = None
-        if kind is OpKind.CHECKED_INPLACE:
+        inplace, before = kind is OpKind.CHECKED_INPLACE, None
+        if inplace:
             before, kind = _before(args), OpKind.CHECKED
         out = func(*args, **kwargs)
         if kind is OpKind.CHECKED:
@@ -99,7 +99,7 @@ class CheckingMode(TorchDispatchMode):
                 if out.is_floating_point() and out.numel():
                     d.defer(func, args, out, node, created)  # no host sync: read at the boundary
             else:
-                self._check(func, args, kwargs, out, node, created, before)
+                self._check(func, args, kwargs, out, node, created, inplace, before)
         elif kind is OpKind.FILL:
             if writes_nonfinite_scalar(func, args, kwargs) and not (
                     d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out)):
@@ -117,12 +117,12 @@ class CheckingMode(TorchDispatchMode):
             d.value_entered(out, str(func))
         return out
 
-    def _check(self, func, args, kwargs, out, node, created, before) -> None:
+    def _check(self, func, args, kwargs, out, node, created, inplace, before) -> None:
         d = self.detector
         if isinstance(out, torch.Tensor):
             if not _finite(out):
                 d.on_nonfinite(func, args, kwargs, out, node, created, before=before)
-            elif d.records and is_inplace(func):
+            elif inplace and d.records:
                 d.filled(args, out)  # overwritten with finite values, maybe not all of them
             return
         if out is None and is_inplace(func) and args:  # _foreach_*_ ops return nothing

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from checking import only, problems_of
+from checking import problems_of
 from nandoctor.datacheck.readers import _read_csv_stdlib, FileContext
 
 

@@ -376,12 +376,14 @@ class TestPhasesAndSteps:
         assert d.root.phase == "data" and d.root.op == "aten.div.Tensor"
         assert d.lineage[1].op == "" and d.lineage[1].facts.batch.dataset_indices == (2,)
 
-    def test_a_batch_arriving_non_finite_names_the_dataset_indices(self):
+    @staticmethod
+    def loader_with_a_nan_at_index_4():
         data = torch.ones(6, 2)
         data[4, 1] = float("nan")
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=3)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=3)
 
-        model = torch.nn.Linear(2, 1)
+    def test_a_batch_arriving_non_finite_names_the_dataset_indices(self):
+        loader, model = self.loader_with_a_nan_at_index_4(), torch.nn.Linear(2, 1)
 
         def train():
             for (x,) in loader:
@@ -393,10 +395,7 @@ class TestPhasesAndSteps:
         assert d.root.facts.batch.number == 1 and d.root.facts.batch.dataset_indices == (4,)
 
     def test_near_miss_a_non_finite_batch_the_script_imputes_is_clean(self):
-        data = torch.ones(6, 2)
-        data[4, 1] = float("nan")
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=3)
-        model = torch.nn.Linear(2, 1)
+        loader, model = self.loader_with_a_nan_at_index_4(), torch.nn.Linear(2, 1)
 
         def train():
             for (x,) in loader:
