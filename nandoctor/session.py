@@ -59,6 +59,7 @@ def _run_under(observer: Observer, runner: ScriptRunner, mode: str) -> RunReport
         runner.display_path, exit_code=outcome.exit_code, mode=mode, detection=observer.detection,
         error=outcome.exception, step=observer.state.step_or_none, history=observer.history(),
         stopped_by=stopped_by, discarded=observer.discarded(),
+        amp=observer.amp.facts() if observer.amp.scaler_steps else None,
     )
 
 

@@ -40,6 +40,8 @@ class BatchChecks:
                 if made_here is not None:  # an op in __getitem__ made it: the batch's parent
                     record.parents.append(made_here)
                     record.facts.untracked_input = False
+                    # The root is that op, and the report names the root's batch and samples.
+                    made_here.facts.batch = made_here.facts.batch or origin
                 self.recorder.records.put(t, record)
 
 

@@ -46,11 +46,11 @@ class BoundaryChecks:
                 self.stop(self.recorder.existing_or_bare(t, "loss", "forward"), StopReason.LOSS)
         return next_order()
 
-    def gradients_after_backward(self, roots, mark: int) -> None:
+    def gradients_after_backward(self, roots, mark: int, check: bool = True) -> None:
         """A leaf's gradient still non-finite after backward() stops the run. Only walked when
         this backward made a non-finite value somewhere (rare): most are masked inside
         autograd formulas and never reach a gradient."""
-        if self.recorder.last_backward_order >= mark:
+        if check and self.recorder.last_backward_order >= mark:
             for leaf in _leaves(roots):
                 grad = leaf.grad
                 if grad is not None and grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
@@ -75,7 +75,8 @@ class BoundaryChecks:
                  if p.grad is not None and not p.grad.is_meta]
         if grads:
             total = global_norm(grads)
-            self.state.pending_grad_norm = total
+            clipped_from = self.state.norm_before_clipping()
+            self.state.pending_grad_norm = total if clipped_from is None else clipped_from
             if not math.isfinite(total):
                 self._stop_on_bad_gradient(optimizer)
         if optimizer not in self._optimizers_checked:

@@ -16,6 +16,8 @@ When it stops, it raises `NonFiniteFound` into the script and `finding()` gives 
 from __future__ import annotations
 
 import math
+import os
+import weakref
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -34,6 +36,20 @@ from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.records import Record, RecordTable
 from nandoctor.detect.result import Detection, StopReason
 from nandoctor.detect.saved import SavedValues
+
+
+_RUNNING: "weakref.WeakSet[Detector]" = weakref.WeakSet()
+
+
+def _forked() -> None:
+    """In a child forked while a detector runs (a DataLoader worker started outside
+    `DataLoader.__iter__`, a multiprocessing pool): the copied detector only watches the
+    parent's run, so it goes passive and never raises into the child's code."""
+    for detector in list(_RUNNING):
+        detector.passive = True
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class Detector(Observer):
@@ -65,6 +81,8 @@ class Detector(Observer):
         self.detection: Detection | None = None
         self.mode = CheckingMode(self)
         self._suspended = False
+        self._scaled_backward = False
+        self._backward_mark = 0
         self._hooks = hooks.TrainingHooks(self)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -74,6 +92,7 @@ class Detector(Observer):
         self._hooks.install()
         self.mode.__enter__()
         self._suspended = False
+        _RUNNING.add(self)
         return self
 
     def finish(self) -> None:
@@ -81,6 +100,7 @@ class Detector(Observer):
         self.read_flags()
 
     def __exit__(self, *exc) -> None:
+        _RUNNING.discard(self)
         self.passive = True
         if not self._suspended:
             self.mode.__exit__(None, None, None)
@@ -207,13 +227,35 @@ class Detector(Observer):
     def before_backward(self, roots) -> int:
         self.state.training_started = True
         self.read_flags()
+        roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
         with self.internal():
-            return self.boundaries.loss(roots)
+            self._backward_mark = self.boundaries.loss(roots)
+            return self._backward_mark
 
     def after_backward(self, roots, mark: int) -> None:
         self.read_flags()
         with self.internal():
-            self.boundaries.gradients_after_backward(roots, mark)
+            # The gradients of a scaled loss are the scaler's to check (it skips the step).
+            self.boundaries.gradients_after_backward(roots, mark, check=not self._scaled_backward)
+
+    def scaler_stepped(self, scaler, optimizer, skipped: bool) -> None:
+        super().scaler_stepped(scaler, optimizer, skipped)
+        if not skipped:
+            return
+        with self.internal():
+            collapse = self.amp.collapsed(scaler)
+        if collapse is not None:
+            # The first non-finite value the last (scaled) backward made, else a gradient.
+            with self.internal():
+                record = self.recorder.first_birth_since(self._backward_mark) or self._bad_gradient(optimizer)
+            birth_of(record).facts.amp = collapse  # the root's fact: the rules read the root
+            self.stop(record, StopReason.AMP_SCALE_COLLAPSE)
+
+    def _bad_gradient(self, optimizer) -> Record:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        return self.recorder.existing_or_bare(grads[0], "", "backward") if grads else \
+            self.recorder.bare("", torch.tensor(float("nan")), "backward")
 
     def after_grad(self, outputs, mark: int) -> None:
         self.read_flags()
@@ -228,6 +270,11 @@ class Detector(Observer):
         with self.internal():
             self.boundaries.before_step(optimizer)
         self.state.in_optimizer = True
+
+    def closure_started(self, optimizer) -> None:
+        # The closure's forward and backward are checked op by op, in their own phase.
+        self.state.in_optimizer = False
+        self._resume()
 
     def after_optimizer_step(self, optimizer) -> None:
         self.state.in_optimizer = False

@@ -4,11 +4,17 @@ Each hook calls the observer (see observer.py for the protocol):
 
 - `torch.autograd.backward` / `torch.autograd.grad`: the loss, and the gradients after.
 - global optimizer step pre/post hooks: the step count, the optimizer phase, parameters.
+  A step given a closure (`optimizer.step(closure)`: LBFGS, Lightning's automatic
+  optimization) runs forward and backward inside the step: the closure is wrapped so that
+  its ops run in their own phase, and the gradients are checked when it returns.
+- `torch.nn.utils.clip_grad_norm_`: the gradient norm before clipping, for the history.
+- `torch.amp.GradScaler.scale` / `.step`: which loss was scaled, and which steps the scaler
+  skipped (see amp.py).
 - `Tensor.tolist` / `numpy` / `__repr__`: values the script reads back (`.item()` is an op
   the dispatch mode sees itself); `torch.from_numpy` / `as_tensor`: values entering torch
   from outside; `torch.save` / `torch.load`: values that go through a file or buffer.
-- `_BaseDataLoaderIter.__next__`: the data phase, and each batch as it arrives (also from
-  worker processes, whose own ops nandoctor cannot see).
+- `DataLoader.__iter__` / `_BaseDataLoaderIter.__next__`: the data phase, and each batch as
+  it arrives (also from worker processes, whose own ops nandoctor cannot see).
 
 Every patch is undone on `uninstall()`.
 """
@@ -19,6 +25,7 @@ import functools
 
 import torch
 import torch.utils.data.dataloader as dataloader_module
+from torch.amp.grad_scaler import GradScaler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 
@@ -30,10 +37,13 @@ class TrainingHooks:
     def install(self) -> None:
         self._patch(torch.autograd, "backward", self._wrap_backward)
         self._patch(torch.autograd, "grad", self._wrap_grad)
-        pre = register_optimizer_step_pre_hook(lambda opt, args, kwargs: self.observer.before_optimizer_step(opt))
+        pre = register_optimizer_step_pre_hook(self._before_step)
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.observer.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
+        self._patch(torch.nn.utils, "clip_grad_norm_", self._wrap_clip)
+        self._patch(GradScaler, "scale", self._wrap_scale)
+        self._patch(GradScaler, "step", self._wrap_scaler_step)
         if self.observer.watches_values:
             for name in ("tolist", "numpy", "__repr__"):
                 self._patch(torch.Tensor, name, self._wrap_read)
@@ -42,6 +52,7 @@ class TrainingHooks:
             self._patch(torch, "save", self._wrap_save)
             self._patch(torch, "load", self._wrap_load)
         if self.observer.watches_data:
+            self._patch(dataloader_module.DataLoader, "__iter__", self._wrap_iter)
             self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
             self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
 
@@ -53,6 +64,68 @@ class TrainingHooks:
         original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
         setattr(owner, name, wrap(original))
         self._undo.append(lambda: setattr(owner, name, original))
+
+    def _before_step(self, optimizer, args, kwargs):
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            self.observer.before_optimizer_step(optimizer)
+            return None
+        # The step will call the closure for its gradients (LBFGS more than once): the
+        # step's boundary is where each call returns, not here.
+        wrapped = self._wrap_closure(optimizer, closure)
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": wrapped}
+        return (args[0], wrapped, *args[2:]), kwargs
+
+    def _wrap_closure(self, optimizer, closure):
+        observer = self.observer
+
+        @functools.wraps(closure)
+        def checked_closure(*args, **kwargs):
+            observer.closure_started(optimizer)
+            result = closure(*args, **kwargs)
+            observer.before_optimizer_step(optimizer)
+            return result
+
+        return checked_closure
+
+    def _wrap_clip(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def clip_grad_norm_(*args, **kwargs):
+            total = original(*args, **kwargs)
+            observer.gradients_clipped(total)  # the norm clip_grad_norm_ measured, before clipping
+            return total
+
+        return clip_grad_norm_
+
+    def _wrap_scale(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def scale(scaler, outputs):
+            scaled = original(scaler, outputs)
+            if isinstance(outputs, torch.Tensor) and scaler.is_enabled():
+                observer.loss_scaled(outputs, scaled)
+            return scaled
+
+        return scale
+
+    def _wrap_scaler_step(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def step(scaler, optimizer, *args, **kwargs):
+            if not scaler.is_enabled():
+                return original(scaler, optimizer, *args, **kwargs)
+            steps_before = observer.state.step
+            result = original(scaler, optimizer, *args, **kwargs)
+            # The scaler calls optimizer.step() only when the unscaled gradients are finite.
+            observer.scaler_stepped(scaler, optimizer, skipped=observer.state.step == steps_before)
+            return result
+
+        return step
 
     def _wrap_backward(self, original):
         observer = self.observer
@@ -132,6 +205,22 @@ class TrainingHooks:
             observer.optimizer_created(optimizer)
 
         return __init__
+
+    def _wrap_iter(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def __iter__(loader):
+            # Worker processes start here; forked ones copy the dispatch-mode stack, so the
+            # data phase (no per-op mode) is entered first and nandoctor's mode is never
+            # carried into them. Their batches are checked as they arrive, in __next__.
+            observer.data_started()
+            try:
+                return original(loader)
+            finally:
+                observer.data_finished()
+
+        return __iter__
 
     def _wrap_next(self, original):
         observer = self.observer

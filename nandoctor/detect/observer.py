@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nandoctor.detect.amp import ScalerTracker
 from nandoctor.detect.result import Detection, Discarded, History, WatchFinding
 from nandoctor.detect.state import TrainingState
 
@@ -40,6 +41,7 @@ class Observer:
     def __init__(self, run_settings) -> None:
         self.state = TrainingState(int(run_settings.get("history", 64)))
         self.max_steps = int(run_settings.get("max_steps", 0) or 0)
+        self.amp = ScalerTracker()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -67,8 +69,27 @@ class Observer:
     def optimizer_created(self, optimizer) -> None:
         self.state.optimizer_created()
 
+    def closure_started(self, optimizer) -> None:
+        """optimizer.step(closure) calls the closure: forward and backward run inside the
+        step (LBFGS, Lightning's automatic optimization). When it returns, the step is
+        about to apply its gradients: `before_optimizer_step` follows."""
+
+    def gradients_clipped(self, total_norm) -> None:
+        """clip_grad_norm_ measured `total_norm` (a tensor) before clipping the gradients:
+        the norm the history keeps, since the gradients the step sees are clipped."""
+        self.state.clipped_from = total_norm
+
+    def loss_scaled(self, loss, scaled) -> None:
+        """A GradScaler scaled `loss` into `scaled` for the backward to come (see amp.py)."""
+        self.amp.scaled(loss, scaled)
+
+    def scaler_stepped(self, scaler, optimizer, skipped: bool) -> None:
+        """scaler.step(optimizer) returned; `skipped`: it did not call optimizer.step()."""
+        self.amp.stepped(skipped)
+
     def before_optimizer_step(self, optimizer) -> None:
-        """optimizer.step() is about to apply the gradients."""
+        """optimizer.step() is about to apply the gradients (for a step with a closure: the
+        closure returned them)."""
 
     def after_optimizer_step(self, optimizer) -> None:
         """optimizer.step() returned: one more step completed."""

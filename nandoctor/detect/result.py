@@ -56,6 +56,7 @@ class StopReason(enum.Enum):
     UPDATE = "update"  # optimizer.step() made a parameter non-finite
     PARAMETER_WRITTEN = "parameter_written"  # an op wrote a non-finite value into a parameter or buffer
     READ_BACK = "read_back"  # the script read a non-finite value (.item(), .tolist(), .numpy(), print)
+    AMP_SCALE_COLLAPSE = "amp_scale_collapse"  # a GradScaler skipped a step at a scale of 1 or less
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,17 @@ class CtcLengths:
 DeviceFlag = Literal["nan", "inf"]
 
 
+@dataclass(frozen=True)
+class AmpScaling:
+    """A GradScaler's record when it stopped helping: its scale, the steps it skipped in a
+    row and in all, out of the steps it was asked to take."""
+
+    scale: float | None
+    skipped_in_a_row: int
+    skipped: int
+    steps: int
+
+
 @dataclass
 class SiteFacts:
     """What detection learnt about one site beyond its op, inputs and output."""
@@ -121,6 +133,7 @@ class SiteFacts:
     user_backward: bool = False  # called by the user's own code inside backward (custom Function, hook)
     input_producers: dict[str, str] = field(default_factory=dict)  # input name -> autograd node
     ctc: CtcLengths | None = None
+    amp: AmpScaling | None = None
     exponent: float | None = None  # a Python-number exponent of pow
     op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
     loss: float | None = None  # watch mode: the loss seen at the boundary
@@ -155,13 +168,15 @@ class SiteFacts:
         if self.ctc is not None:
             out.update(input_lengths=list(self.ctc.input_lengths), target_lengths=list(self.ctc.target_lengths),
                        impossible=[vars(i).copy() for i in self.ctc.impossible])
+        if self.amp is not None:
+            out["amp"] = vars(self.amp).copy()
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "SiteFacts":
         data = data or {}
         facts = cls(**{f.name: data[f.name] for f in fields(cls)
-                       if f.name in data and f.name not in ("parameter", "batch", "ctc", "inf_written_at")})
+                       if f.name in data and f.name not in ("parameter", "batch", "ctc", "inf_written_at", "amp")})
         if "parameter_shape" in data:
             group, index = data.get("parameter_position") or (None, None)
             facts.parameter = ParameterRef(data.get("parameter"), tuple(data["parameter_shape"]), group, index)
@@ -173,6 +188,8 @@ class SiteFacts:
             facts.ctc = CtcLengths(tuple(data["input_lengths"]), tuple(data["target_lengths"]),
                                    tuple(CtcItem(**i) for i in data.get("impossible") or ()))
         facts.inf_written_at = Location.from_dict(data.get("inf_written_at"))
+        if data.get("amp") is not None:
+            facts.amp = AmpScaling(**data["amp"])
         return facts
 
 

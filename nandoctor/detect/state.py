@@ -44,6 +44,7 @@ class TrainingState:
         self.history = StepHistory(history_size)
         self.pending_loss: float | None = None
         self.pending_grad_norm: float | None = None
+        self.clipped_from = None  # the norm clip_grad_norm_ measured this step, a tensor
 
     @property
     def step_or_none(self) -> int | None:
@@ -78,7 +79,12 @@ class TrainingState:
     def step_finished(self) -> None:
         self.step += 1
         self.history.add(self.step, self.pending_loss, self.pending_grad_norm)
-        self.pending_loss = self.pending_grad_norm = None
+        self.pending_loss = self.pending_grad_norm = self.clipped_from = None
+
+    def norm_before_clipping(self) -> float | None:
+        """The gradient norm clip_grad_norm_ measured this step, if it ran (one read)."""
+        total = self.clipped_from
+        return None if total is None else float(total)
 
 
 def _touches_parameter(args) -> bool:

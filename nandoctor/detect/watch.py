@@ -49,6 +49,7 @@ class StepWatcher(Observer):
     # -- the boundaries --------------------------------------------------------------
 
     def before_backward(self, roots) -> int:
+        roots, _ = self.amp.unscaled(roots)  # a GradScaler's scaled loss: the loss itself
         loss = next((t for t in roots if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
         if loss is None or loss.is_meta:  # a meta tensor has no value to check
             return 0
@@ -72,24 +73,40 @@ class StepWatcher(Observer):
         self.optimizer_created(optimizer)
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]
                  if p.grad is not None and not p.grad.is_meta]
-        values = [self._loss] if self._loss is not None else []
-        if grads:
-            values += torch._foreach_norm(grads)  # one reduction per gradient, no global one
+        head = [t.detach().reshape(()) for t in (self._loss, self.state.clipped_from)
+                if isinstance(t, torch.Tensor)]
+        values = head + (list(torch._foreach_norm(grads)) if grads else [])  # one reduction per gradient
         if not values:
             return
-        # The one host sync of the step: the loss and every gradient's norm in one transfer,
-        # combined here in float64 (where the squares of float32 norms cannot overflow).
+        # The one host sync of the step: the loss, the norm clip_grad_norm_ measured and every
+        # gradient's norm in one transfer, combined here in float64 (where the squares of
+        # float32 norms cannot overflow).
         device = values[0].device
-        numbers = torch.stack([v if v.device == device else v.to(device) for v in values]).tolist()
-        loss = numbers[0] if self._loss is not None else None
-        grad_norm = math.sqrt(math.fsum(n * n for n in numbers[1 if self._loss is not None else 0:])) if grads else None
+        numbers = torch.stack([v.float() if v.device == device else v.float().to(device) for v in values]).tolist()
+        loss = numbers.pop(0) if self._loss is not None else None
+        clipped_from = numbers.pop(0) if isinstance(self.state.clipped_from, torch.Tensor) else None
+        grad_norm = math.sqrt(math.fsum(n * n for n in numbers)) if grads else None
         if grad_norm is not None and not math.isfinite(grad_norm):
             grad_norm = global_norm(grads)  # rare: tell a norm that overflowed float32 from a bad gradient
-        self.state.pending_loss, self.state.pending_grad_norm = loss, grad_norm
+        self.state.pending_loss = loss
+        self.state.pending_grad_norm = clipped_from if clipped_from is not None else grad_norm
         if loss is not None and not math.isfinite(loss):
             self._stop("loss", loss, grad_norm, self._loss_where)
         if grad_norm is not None and not math.isfinite(grad_norm):
             self._stop("gradient", loss, grad_norm, self.locator.user_frame(2))
+
+    def scaler_stepped(self, scaler, optimizer, skipped: bool) -> None:
+        """A step the scaler skipped ran no optimizer.step(), so no check: the loss is read
+        here (the scaler already synced to decide), and a scale that collapsed stops it."""
+        super().scaler_stepped(scaler, optimizer, skipped)
+        if not skipped:
+            return
+        loss = float(self._loss.item()) if self._loss is not None else None
+        self._loss = None
+        if loss is not None and not math.isfinite(loss):
+            self._stop("loss", loss, None, self._loss_where)
+        if self.amp.collapsed(scaler) is not None:
+            self._stop("gradient", loss, None, self.locator.user_frame(2))
 
     def after_optimizer_step(self, optimizer) -> None:
         self._loss = None

@@ -8,7 +8,7 @@ and returns the first cause that applies, or `unknown` with the facts that were 
 """
 from __future__ import annotations
 
-from nandoctor.detect.result import Detection, Discarded, History
+from nandoctor.detect.result import AmpScaling, Detection, Discarded, History
 from nandoctor.diagnose import rules as _rules  # noqa: F401  (registers every rule)
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence
@@ -20,7 +20,7 @@ from nandoctor.report.model import Cause, RunReport
 def build_report(script: str, *, exit_code: int, mode: str = "trace", detection: Detection | None = None,
                  error: BaseException | None = None, step: int | None = None,
                  history: History | None = None, stopped_by: str | None = None,
-                 discarded: list[Discarded] = ()) -> RunReport:
+                 discarded: list[Discarded] = (), amp: AmpScaling | None = None) -> RunReport:
     """The report of one run: nonfinite when there is a detection, else script_error when
     the script raised, else clean (saying which non-finite values were made and discarded)."""
     history = history or History()
@@ -40,7 +40,14 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
                          error={"type": type(error).__name__, "message": str(error)}, **common)
     report = RunReport(status="clean", exit_code=exit_code, **common)
     report.notes += words.discarded_notes(report.discarded)
+    if amp is not None and amp.skipped:
+        report.notes.append(_amp_skips(amp))
     return report
+
+
+def _amp_skips(amp: AmpScaling) -> str:
+    return (f"the GradScaler skipped {amp.skipped} of {amp.steps} steps: the scaled gradients overflowed "
+            "float16 and it lowered the scale (its normal probing, mostly at the start; not a finding)")
 
 
 def diagnose(ev: Evidence) -> Cause:

@@ -42,6 +42,7 @@ _STOP_REASONS = {
     StopReason.GRADIENT_BEFORE_STEP: "a gradient is non-finite before the optimizer step",
     StopReason.PARAMETER_BEFORE_STEP: "a parameter is non-finite before the optimizer step",
     StopReason.READ_BACK: "the script read a non-finite value back (.item(), .tolist(), .numpy() or print)",
+    StopReason.AMP_SCALE_COLLAPSE: "the GradScaler skipped a step at a loss scale of 1 or less: the gradients are non-finite unscaled",
 }
 
 

@@ -9,8 +9,33 @@ from __future__ import annotations
 from nandoctor.detect.result import OVERWRITTEN_SUFFIX
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence, count_of
-from nandoctor.diagnose.registry import context_rule
+from nandoctor.diagnose.registry import context_rule, rule_for
 from nandoctor.report.model import Cause
+
+
+@context_rule
+def amp_scale_collapse(ev: Evidence) -> Cause | None:
+    amp = ev.facts.amp
+    if amp is None:
+        return None
+    # What the op itself says, when a rule knows it: the reason the gradients stay non-finite.
+    op_rule = rule_for(ev)
+    op_cause = op_rule(ev) if op_rule is not None else None
+    origin = (f"The first non-finite value in the last backward: {op_cause.title} ({op_cause.id}) at {ev.where}."
+              if op_cause is not None else
+              f"The first non-finite value in the last backward was made by `{ev.op or 'an unseen op'}` at {ev.where}.")
+    scale = f" and its scale fell to {amp.scale:g}" if amp.scale is not None else ""
+    return Cause(
+        "amp_scale_collapse",
+        "the GradScaler keeps skipping steps: the gradients are non-finite even unscaled",
+        f"The GradScaler skipped {amp.skipped_in_a_row} step{'s' if amp.skipped_in_a_row != 1 else ''} in a row ({amp.skipped} of "
+        f"{amp.steps} so far){scale}. Skipping a step and halving the scale is how it handles an overflow of "
+        f"the scaled gradients; once the scale is 1 or less the gradients are non-finite without any scaling, "
+        f"which no loss scale can fix, and training makes no progress. {origin}",
+        (op_cause.fix + " " if op_cause is not None else "") +
+        "Check the loss and the model in float32 (disable autocast for one step): a NaN there is a bug in the "
+        "model, not an fp16 range problem.",
+    )
 
 
 @context_rule

@@ -1,0 +1,67 @@
+"""Mixed precision with a `torch.amp.GradScaler`: what the scaler does on purpose is not a
+finding, what it cannot fix is.
+
+The scaler multiplies the loss by a large scale before `backward()`, so float16 gradients
+do not underflow; when the scaled gradients overflow it skips that step
+(`optimizer.step()` is not called) and halves the scale. That probing is expected: a
+healthy run skips a few steps, mostly at the start. So, for a backward from a scaled loss:
+
+- the loss checked at `backward()` is the loss before scaling (a real non-finite loss is
+  still a finding: a float16 overflow in forward, a `log(0)`);
+- gradients that are non-finite when backward returns are the scaler's to check, not a stop;
+- a step the scaler skips is counted, and when it skips at a scale of 1 or less the
+  gradients are non-finite even unscaled: no loss scale can fix that (`amp_scale_collapse`).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from nandoctor.detect.result import AmpScaling
+
+# At or below this scale a skipped step means the unscaled gradients are non-finite.
+COLLAPSED_SCALE = 1.0
+
+
+class ScalerTracker:
+    """The scaled loss of the backward to come, and the steps scalers skipped."""
+
+    def __init__(self) -> None:
+        self._scaled: "weakref.ref | None" = None
+        self._loss: torch.Tensor | None = None
+        self.skipped = 0  # steps skipped in the whole run
+        self.skipped_in_a_row = 0
+        self.scaler_steps = 0  # scaler.step() calls
+
+    def scaled(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
+        """scaler.scale(loss) returned `scaled`."""
+        self._scaled = weakref.ref(scaled)
+        self._loss = loss.detach()
+
+    def unscaled(self, roots: list) -> tuple[list, bool]:
+        """The roots of a backward with the scaled loss replaced by the loss itself, and
+        whether it was scaled."""
+        scaled = self._scaled() if self._scaled is not None else None
+        if scaled is None or not roots or roots[0] is not scaled:
+            return roots, False
+        loss, self._scaled, self._loss = self._loss, None, None
+        return [loss, *roots[1:]], True
+
+    def stepped(self, skipped: bool) -> None:
+        self.scaler_steps += 1
+        if skipped:
+            self.skipped += 1
+            self.skipped_in_a_row += 1
+        else:
+            self.skipped_in_a_row = 0
+
+    def collapsed(self, scaler) -> AmpScaling | None:
+        """After a skipped step: the facts, when the scale can no longer help (one read)."""
+        scale = float(scaler.get_scale())
+        if scale > COLLAPSED_SCALE:
+            return None
+        return self.facts(scale)
+
+    def facts(self, scale: float | None = None) -> AmpScaling:
+        return AmpScaling(scale, self.skipped_in_a_row, self.skipped, self.scaler_steps)

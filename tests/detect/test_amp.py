@@ -1,0 +1,89 @@
+"""Mixed precision with a GradScaler (detect/amp.py): the steps it skips on purpose are
+not findings; a scale that collapses, or a loss that is non-finite itself, is."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import detect
+from nandoctor.config import load_config
+from nandoctor.detect.observer import NonFiniteFound
+from nandoctor.detect.result import StopReason
+from nandoctor.detect.watch import StepWatcher
+
+
+def _amp_training(extra_loss=None, steps: int = 40, init_scale: float = 2.0 ** 30):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x).float()
+            loss = torch.nn.functional.mse_loss(out, y)
+            if extra_loss is not None:
+                loss = loss + extra_loss(out)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return model
+
+
+def _watch(fn):
+    watcher = StepWatcher(load_config().run)
+    try:
+        with watcher:
+            fn()
+    except NonFiniteFound:
+        return watcher, True
+    return watcher, False
+
+
+def test_steps_the_scaler_skips_while_it_finds_its_scale_are_not_a_finding():
+    plain = _amp_training()
+    found = detect(_amp_training)
+    assert not found.stopped
+    amp = found.detector.amp
+    assert amp.skipped > 5 and amp.scaler_steps == 40
+    assert found.detector.state.step == 40 - amp.skipped  # a skipped step is not an optimizer step
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), _amp_training().parameters()))
+
+
+def test_watch_mode_lets_the_scaler_skip_steps_too():
+    watcher, stopped = _watch(_amp_training)
+    assert not stopped and watcher.amp.skipped > 5
+
+
+def _sqrt_of_zero(out):
+    return torch.sqrt((out * 0).clamp(min=0)).mean()  # finite loss, NaN gradient every step
+
+
+def test_a_scale_that_collapses_below_one_is_a_finding_named_after_the_backward_op():
+    found = detect(lambda: _amp_training(_sqrt_of_zero))
+    assert found.stopped
+    detection = found.detection
+    assert detection.reason is StopReason.AMP_SCALE_COLLAPSE
+    assert detection.root.backward_node.startswith("SqrtBackward")
+    assert detection.root.facts.amp.scale <= 1.0
+    assert detection.root.facts.amp.skipped_in_a_row == detection.root.facts.amp.steps
+
+
+def test_watch_mode_stops_on_a_collapsed_scale_although_no_optimizer_step_ran():
+    watcher, stopped = _watch(lambda: _amp_training(_sqrt_of_zero))
+    assert stopped and watcher.finding().what == "gradient"
+
+
+@pytest.mark.parametrize("watch", [False, True])
+def test_a_loss_that_is_non_finite_before_scaling_stops_at_once(watch):
+    def log_of_zero(out):
+        return torch.log(out * 0).mean()
+
+    if watch:
+        watcher, stopped = _watch(lambda: _amp_training(log_of_zero))
+        assert stopped and watcher.finding().what == "loss" and watcher.finding().step == 0
+    else:
+        found = detect(lambda: _amp_training(log_of_zero))
+        assert found.stopped and found.detection.reason is StopReason.LOSS
+        assert found.detection.root.op == "aten.log.default"

@@ -1,0 +1,138 @@
+"""The training hooks (detect/hooks.py): what each boundary of a real training loop shows
+the observers — closures, DataLoader workers, gradient clipping."""
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from helpers import detect
+from nandoctor.config import load_config
+from nandoctor.detect.observer import NonFiniteFound
+from nandoctor.detect.result import StopReason
+from nandoctor.detect.watch import StepWatcher
+
+
+def _closure_training(make_loss, steps: int = 3, optimizer=torch.optim.SGD):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = optimizer(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+
+    def closure():
+        opt.zero_grad()
+        loss = make_loss(model(x))
+        loss.backward()
+        return loss
+
+    for _ in range(steps):
+        opt.step(closure)
+    return model
+
+
+def test_ops_inside_an_optimizer_closure_are_checked_in_their_own_phase():
+    found = detect(lambda: _closure_training(lambda out: torch.log(out * 0).mean()))
+    assert found.stopped
+    root = found.detection.root
+    assert root.op == "aten.log.default"
+    assert root.phase == "forward"
+    assert root.location.function == "<lambda>"
+    assert found.detection.reason is StopReason.LOSS
+
+
+def test_lbfgs_calls_its_closure_many_times_per_step_and_each_call_is_checked():
+    found = detect(lambda: _closure_training(lambda out: torch.log(out * 0).mean(), optimizer=torch.optim.LBFGS))
+    assert found.stopped and found.detection.root.op == "aten.log.default"
+
+
+def test_a_healthy_closure_run_counts_its_steps_and_changes_nothing():
+    plain = _closure_training(lambda out: (out ** 2).mean())
+    found = detect(lambda: _closure_training(lambda out: (out ** 2).mean()))
+    assert not found.stopped
+    assert found.detector.state.step == 3
+    watched = _closure_training(lambda out: (out ** 2).mean())
+    assert torch.equal(plain.weight, watched.weight)
+
+
+def test_a_nan_the_closure_discards_is_seen_and_reported_as_discarded():
+    def loss(out):
+        return (out ** 2).mean() + torch.nan_to_num(torch.log(out.detach() * 0)).clamp(-1, 1).mean()
+
+    found = detect(lambda: _closure_training(loss))
+    assert not found.stopped
+    assert [d.op for d in found.detector.discarded()] == ["aten.log.default"]
+
+
+def test_watch_mode_checks_the_loss_a_closure_returns_before_the_update():
+    model_box = {}
+
+    def train():
+        model_box["model"] = _closure_training(lambda out: torch.log(out * 0).mean(), steps=2)
+
+    watcher = StepWatcher(load_config().run)
+    stopped = False
+    try:
+        with watcher:
+            train()
+    except NonFiniteFound:
+        stopped = True
+    assert stopped
+    finding = watcher.finding()
+    assert finding.what == "loss" and finding.step == 0
+    assert finding.weights_clean is True
+
+
+class _ZeroScaleAt(Dataset):
+    """Sample 37 is divided by a zero scale in __getitem__ (run in a worker process)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        x = torch.full((4,), float(i % 7))
+        return x / torch.tensor(float(i != 37)), torch.tensor([1.0])
+
+
+def _loader_training(**loader_args):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(_ZeroScaleAt(), batch_size=8, shuffle=True, **loader_args):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_forked_dataloader_workers_never_carry_the_detector_and_the_batch_is_named():
+    found = detect(lambda: _loader_training(num_workers=2))
+    assert found.stopped
+    root = found.detection.root
+    # Found again in this process: the op in __getitem__, with its batch and sample.
+    assert root.op == "aten.div.Tensor" and root.phase == "data"
+    assert root.location.function == "__getitem__"
+    assert root.facts.batch is not None and root.facts.batch.dataset_indices == (37,)
+
+
+def test_the_sample_index_is_named_when_the_refetch_finds_the_op_in_process():
+    found = detect(lambda: _loader_training(num_workers=0))
+    assert found.stopped
+    assert found.detection.root.op == "aten.div.Tensor"
+    assert found.detection.root.facts.batch.dataset_indices == (37,)
+
+
+def test_the_history_keeps_the_gradient_norm_from_before_clipping():
+    def train():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        x, y = torch.randn(16, 4) * 100, torch.randn(16, 1)
+        for _ in range(2):
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            train.norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+            opt.step()
+
+    found = detect(train)
+    norms = found.detector.history().grad_norm
+    assert train.norm > 10
+    assert norms[-1] == train.norm
