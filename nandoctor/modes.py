@@ -89,10 +89,11 @@ class WatchMode(RunMode):
 
 class ReplayMode(TraceMode):
     """The replay process: trace, started from the first run's random state, every op's
-    check read at once and the optimizer's ops checked one by one; never replays itself."""
+    check read at once, the optimizer's ops checked one by one and torch.compile'd code run
+    eagerly, op by op; never replays itself."""
 
     def settings(self, request: RunRequest) -> dict[str, Any]:
-        return dict(request.config.run, check_optimizer_ops=True, device_flags="never")
+        return dict(request.config.run, check_optimizer_ops=True, device_flags="never", eager_compiled=True)
 
     def conclude(self, request, report, found, rng) -> RunReport:
         return report

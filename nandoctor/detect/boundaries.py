@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from nandoctor.detect.hooks import optimizer_name
 from nandoctor.detect.mode import all_finite
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.records import Record, next_order
@@ -95,7 +96,7 @@ class BoundaryChecks:
             if not bool(torch.isfinite(p).all()):
                 record = self.recorder.bare("", p, "optimizer")
                 record.facts.parameter = self.recorder.parameter_ref(p, optimizer)
-                record.facts.optimizer = type(optimizer).__name__
+                record.facts.optimizer = optimizer_name(optimizer)
                 self.stop(record, StopReason.UPDATE, needs_replay=True)
 
     def _check_parameters(self, optimizer) -> None:

@@ -23,7 +23,8 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from nandoctor.detect import hooks
-from nandoctor.detect.batches import BatchChecks
+from nandoctor.detect.batches import BatchChecks, tensors_in
+from nandoctor.detect.compiled import code_of
 from nandoctor.detect.boundaries import BoundaryChecks
 from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
 from nandoctor.detect.lineage import birth_of, explain
@@ -39,6 +40,10 @@ from nandoctor.detect.saved import SavedValues
 
 
 _RUNNING: "weakref.WeakSet[Detector]" = weakref.WeakSet()
+
+# Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
+_UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
+                      StopReason.GRADIENT_RETURNED, StopReason.READ_BACK)
 
 
 def _forked() -> None:
@@ -65,6 +70,10 @@ class Detector(Observer):
         # Check each op inside optimizer.step() (a replay localising an optimizer failure
         # does); by default the step is checked once, at its end.
         self.check_optimizer_ops = bool(run_settings.get("check_optimizer_ops", False))
+        # Run torch.compile'd code eagerly under the per-op mode (the replay does), instead
+        # of compiled with its outputs checked (see compiled.py).
+        self.eager_compiled = bool(run_settings.get("eager_compiled", False))
+        self._last_compiled: str | None = None
         # What the hot path reads, as plain attributes.
         self.locator = locator or SourceLocator()
         self.modules = ModuleTracker()
@@ -94,6 +103,9 @@ class Detector(Observer):
         self._suspended = False
         _RUNNING.add(self)
         return self
+
+    def runtime_code(self) -> list:
+        return code_of(type(self.mode).__torch_dispatch__, ModuleTracker._enter, ModuleTracker._leave)
 
     def finish(self) -> None:
         """The script ended: flags still pending are read (a NaN in its last ops counts)."""
@@ -289,6 +301,31 @@ class Detector(Observer):
             self.passive = True
             raise
 
+    def compiled_call(self, fn, name: str, args, kwargs):
+        if self.passive or self.eager_compiled:
+            return fn(*args, **kwargs)  # with the mode on, Dynamo runs it eagerly: every op checked
+        self._last_compiled = name
+        was_suspended = self._suspended
+        self._suspend()  # the user's graphs compile and run as in plain python
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            if self._suspended and not was_suspended:
+                self._resume()
+        with self.internal():
+            self._check_compiled_outputs(out, name)
+        return out
+
+    def _check_compiled_outputs(self, out, name: str) -> None:
+        """A non-finite output of a compiled region is a suspect like any op's, made by the
+        region as a whole (its ops ran unseen): the replay finds the op inside."""
+        for _, t in tensors_in(out):
+            if t.is_floating_point() and not t.is_meta and self.records.get(t) is None and not all_finite(t):
+                record = self.recorder.bare("", t, self.recorder.phase(None, ()))
+                record.facts.untracked_input = False
+                record.facts.compiled = name
+                self.records.put(t, record)
+
     def data_started(self) -> None:
         self.state.training_started = True
         self.state.data_depth += 1
@@ -340,6 +377,14 @@ class Detector(Observer):
             first = next((r for r in suspects if r.has_nan), suspects[0] if suspects else None)
             if first is not None and first is not born:
                 born.parents.append(first)
+        if self._last_compiled is not None and not came_in and born.facts.device_flag is None and not born.op \
+                and reason in _UNSEEN_OP_REASONS:
+            # No op nandoctor saw made it, and compiled code ran: a compiled forward or its
+            # compiled backward did. The replay runs the compiled code eagerly to find the op.
+            born.facts.compiled = born.facts.compiled or self._last_compiled
+            born.facts.untracked_input = False
+        if born.facts.compiled is not None:
+            needs_replay = True
         self.passive = True
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
                                  needs_replay=needs_replay, flagged_suspects=suspects)

@@ -10,6 +10,9 @@ Each hook calls the observer (see observer.py for the protocol):
 - `torch.nn.utils.clip_grad_norm_`: the gradient norm before clipping, for the history.
 - `torch.amp.GradScaler.scale` / `.step`: which loss was scaled, and which steps the scaler
   skipped (see amp.py).
+- `torch.compile`: each call of what it returned is a compiled region (see compiled.py).
+- Keras 3's `BaseOptimizer.apply` (torch backend), patched when the script imports Keras:
+  its steps are optimizer steps like torch's, seen through `KerasOptimizer`.
 - `Tensor.tolist` / `numpy` / `__repr__`: values the script reads back (`.item()` is an op
   the dispatch mode sees itself); `torch.from_numpy` / `as_tensor`: values entering torch
   from outside; `torch.save` / `torch.load`: values that go through a file or buffer.
@@ -28,6 +31,9 @@ import torch.utils.data.dataloader as dataloader_module
 from torch.amp.grad_scaler import GradScaler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from nandoctor.detect.compiled import CompileQuiet, code_of, compile_wrapper, compiling, hide_from_dynamo
+from nandoctor.detect.imports import ImportPatches
+
 
 class TrainingHooks:
     def __init__(self, observer) -> None:
@@ -44,6 +50,13 @@ class TrainingHooks:
         self._patch(torch.nn.utils, "clip_grad_norm_", self._wrap_clip)
         self._patch(GradScaler, "scale", self._wrap_scale)
         self._patch(GradScaler, "step", self._wrap_scaler_step)
+        imports = ImportPatches()
+        self._undo.append(imports.uninstall)
+        imports.when_imported("keras.src.optimizers.base_optimizer", self._patch_keras)
+        imports.when_imported("torch._dynamo", lambda module: hide_from_dynamo(self.runtime_code()))
+        self._patch(torch, "compile", lambda original: compile_wrapper(original, self.observer))
+        quiet = CompileQuiet().__enter__()
+        self._undo.append(quiet.__exit__)
         if self.observer.watches_values:
             for name in ("tolist", "numpy", "__repr__"):
                 self._patch(torch.Tensor, name, self._wrap_read)
@@ -55,6 +68,12 @@ class TrainingHooks:
             self._patch(dataloader_module.DataLoader, "__iter__", self._wrap_iter)
             self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
             self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
+
+    def runtime_code(self) -> list:
+        """What runs inside the user's code, maybe inside a compiled function's extent: the
+        wrappers, and the observer's own per-op code (see compiled.py)."""
+        wrappers = [getattr(TrainingHooks, name) for name in dir(TrainingHooks) if name.startswith("_wrap")]
+        return code_of(*wrappers) + self.observer.runtime_code()
 
     def uninstall(self) -> None:
         while self._undo:
@@ -94,6 +113,8 @@ class TrainingHooks:
 
         @functools.wraps(original)
         def clip_grad_norm_(*args, **kwargs):
+            if compiling():
+                return original(*args, **kwargs)
             total = original(*args, **kwargs)
             observer.gradients_clipped(total)  # the norm clip_grad_norm_ measured, before clipping
             return total
@@ -127,11 +148,44 @@ class TrainingHooks:
 
         return step
 
+    def _patch_keras(self, module) -> None:
+        self._patch(module.BaseOptimizer, "__init__", self._wrap_keras_init)
+        self._patch(module.BaseOptimizer, "apply", self._wrap_keras_apply)
+
+    def _wrap_keras_init(self, original):
+        state = self.observer.state
+
+        @functools.wraps(original)
+        def __init__(optimizer, *args, **kwargs):
+            original(optimizer, *args, **kwargs)
+            state.optimizer_created()  # steps count from here (its variables come later)
+
+        return __init__
+
+    def _wrap_keras_apply(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def apply(optimizer, grads, trainable_variables=None):
+            view, new = KerasOptimizer.of(optimizer, trainable_variables)
+            if view is None:  # another backend's tensors: nothing nandoctor can see
+                return original(optimizer, grads, trainable_variables)
+            if new:
+                observer.optimizer_created(view)
+            observer.before_optimizer_step(view)
+            result = original(optimizer, grads, trainable_variables)
+            observer.after_optimizer_step(view)
+            return result
+
+        return apply
+
     def _wrap_backward(self, original):
         observer = self.observer
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
+            if compiling():  # a compiled training step: Dynamo traces backward itself
+                return original(tensors, *args, **kwargs)
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
             mark = observer.before_backward(roots)
             result = original(tensors, *args, **kwargs)
@@ -145,6 +199,8 @@ class TrainingHooks:
 
         @functools.wraps(original)
         def grad(outputs, *args, **kwargs):
+            if compiling():
+                return original(outputs, *args, **kwargs)
             roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs or ())
             mark = observer.before_backward(roots)
             result = original(outputs, *args, **kwargs)
@@ -254,3 +310,31 @@ class TrainingHooks:
             return index
 
         return _next_index
+
+
+class KerasOptimizer:
+    """A Keras 3 optimizer seen as a torch one: `param_groups` over the torch parameters
+    behind its variables (the torch backend sets their `.grad` before `apply`)."""
+
+    def __init__(self, keras_optimizer, parameters: list) -> None:
+        self.name = type(keras_optimizer).__name__
+        self.param_groups = [{"params": parameters}]
+
+    @classmethod
+    def of(cls, keras_optimizer, variables) -> "tuple[KerasOptimizer | None, bool]":
+        """The optimizer's view (None on another backend) and whether it is new."""
+        variables = variables if variables is not None else getattr(keras_optimizer, "_trainable_variables", ())
+        parameters = [getattr(v, "value", None) for v in variables or ()]
+        if not parameters or not all(isinstance(p, torch.Tensor) for p in parameters):
+            return None, False
+        view = getattr(keras_optimizer, "_nandoctor_view", None)
+        if view is not None and len(view.param_groups[0]["params"]) == len(parameters):
+            return view, False
+        view = cls(keras_optimizer, parameters)
+        keras_optimizer._nandoctor_view = view  # one view per optimizer: checks keyed on it
+        return view, True
+
+
+def optimizer_name(optimizer) -> str:
+    """The class the user knows: Keras's for a `KerasOptimizer`, else the torch optimizer's."""
+    return optimizer.name if isinstance(optimizer, KerasOptimizer) else type(optimizer).__name__

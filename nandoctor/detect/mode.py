@@ -101,7 +101,7 @@ class CheckingMode(TorchDispatchMode):
             else:
                 self._check(func, args, kwargs, out, node, created, inplace, before)
         elif kind is OpKind.FILL:
-            if writes_nonfinite_scalar(func, args, kwargs) and not (
+            if writes_nonfinite_scalar(func, args, kwargs, d.records.get) and not (
                     d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out)):
                 # (A deferred run keeps no lineage, so an intended -inf needs no record there.)
                 d.on_nonfinite(func, args, kwargs, out, node, created, intended=True)

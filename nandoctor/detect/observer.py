@@ -118,6 +118,15 @@ class Observer:
     def loaded(self, obj) -> None:
         """torch.load returned `obj` (only when `watches_values`)."""
 
+    def compiled_call(self, fn, name: str, args, kwargs):
+        """Call `fn`, a function or module `name` compiled with torch.compile (see compiled.py)."""
+        return fn(*args, **kwargs)
+
+    def runtime_code(self) -> list:
+        """Code objects that run inside the user's (maybe compiled) code on every op and
+        that Dynamo must never compile (see compiled.py)."""
+        return []
+
     # -- what it found ------------------------------------------------------------------
 
     def discarded(self) -> list[Discarded]:

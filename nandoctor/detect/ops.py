@@ -106,14 +106,18 @@ def is_inplace(func) -> bool:
     return name.endswith("_") and not name.startswith("_") or name.startswith("_foreach_") and name.endswith("_")
 
 
-def writes_nonfinite_scalar(func, args, kwargs) -> bool:
-    """True when a fill-like op was handed a non-finite Python number (e.g. -inf for a mask)."""
+def writes_nonfinite_scalar(func, args, kwargs, recorded=lambda t: None) -> bool:
+    """True when a fill-like op was handed a non-finite Python number (e.g. -inf for a mask),
+    or a 0-d tensor holding one. A 0-d tensor that a checked op made non-finite
+    (`recorded(t)` is its record) is not written on purpose: it is carried on (Keras's
+    `divide_no_nan` is a `where` over a non-finite loss)."""
     if base_name(func) not in FILL_OPS:
         return False
     for value in (*args, *kwargs.values()):
         if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return True
-        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point() and not value.is_meta:
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point() and not value.is_meta \
+                and recorded(value) is None:
             v = value.item()
             if v != v or v in (float("inf"), float("-inf")):
                 return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import site
 import sys
 import sysconfig
 import types
@@ -17,17 +18,29 @@ from pathlib import Path
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from nandoctor.detect.compiled import compiling
 from nandoctor.detect.result import Location
 
-_LIBRARY_DIRS = tuple(
-    str(Path(p).resolve()) + os.sep
-    for p in {
-        os.path.dirname(torch.__file__),  # torch itself
+def _library_dirs() -> tuple[str, ...]:
+    """Where library code lives: torch, nandoctor, the stdlib and every installed package
+    (Lightning, transformers, Keras...). A user's line is never there: the line reported
+    is the innermost frame of the user's own files (an editable install of the user's own
+    package lives in their checkout, so it counts as theirs)."""
+    paths = sysconfig.get_paths()
+    dirs = {
+        os.path.dirname(torch.__file__),  # torch itself, also when not in site-packages
         str(Path(__file__).resolve().parent.parent),  # nandoctor
-        sysconfig.get_paths()["stdlib"],  # contextlib, functools, runpy...
+        paths["stdlib"], paths["platstdlib"],  # contextlib, functools, runpy...
+        paths["purelib"], paths["platlib"],  # this environment's site-packages
+        *site.getsitepackages(),
     }
-)
-_SITE_PACKAGES_MARKERS = (os.sep + "typer" + os.sep, os.sep + "click" + os.sep)
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    return tuple(sorted({os.path.realpath(d) + os.sep for d in dirs if d}))
+
+
+_LIBRARY_DIRS = _library_dirs()
+_SITE_PACKAGES_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 # Where Python hands a backward pass to the autograd engine: frames above it are the caller's.
 _ENGINE_ENTRY = torch.autograd.graph._engine_run_backward.__code__
 
@@ -170,13 +183,15 @@ class ModuleTracker:
         return self._stack[-1] if self._stack else None
 
     def _enter(self, module: torch.nn.Module, args) -> None:
+        if compiling():  # Dynamo traces this hook into the user's graph: leave no trace
+            return
         name = self._names.get(module)
         if name is None:
             name = self._name_tree(module)
         self._stack.append(name)
 
     def _leave(self, module, args, output) -> None:
-        if self._stack:
+        if self._stack and not compiling():
             self._stack.pop()
 
     def _name_tree(self, root: torch.nn.Module) -> str:

@@ -134,6 +134,7 @@ class SiteFacts:
     input_producers: dict[str, str] = field(default_factory=dict)  # input name -> autograd node
     ctc: CtcLengths | None = None
     amp: AmpScaling | None = None
+    compiled: str | None = None  # made inside this torch.compile'd function or module (ops unseen)
     exponent: float | None = None  # a Python-number exponent of pow
     op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
     loss: float | None = None  # watch mode: the loss seen at the boundary
@@ -153,7 +154,7 @@ class SiteFacts:
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
-                    "op_facts_error", "loss", "grad_norm"):
+                    "op_facts_error", "loss", "grad_norm", "compiled"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.inf_written_at is not None:

@@ -2,6 +2,7 @@
 the observers — closures, DataLoader workers, gradient clipping."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -136,3 +137,24 @@ def test_the_history_keeps_the_gradient_norm_from_before_clipping():
     norms = found.detector.history().grad_norm
     assert train.norm > 10
     assert norms[-1] == train.norm
+
+
+def test_keras_steps_are_optimizer_steps_with_history(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    keras = pytest.importorskip("keras", reason="Keras 3 is not installed (pip install '.[stacks]')")
+    if keras.backend.backend() != "torch":
+        pytest.skip("Keras was imported with another backend")
+    import numpy as np
+
+    def fit():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+        model.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=0)
+
+    found = detect(fit)
+    assert not found.stopped
+    assert found.detector.state.step == 8  # 4 batches x 2 epochs
+    history = found.detector.history()
+    assert len(history.loss) == 8 and all(v is not None for v in history.grad_norm)

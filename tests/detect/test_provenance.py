@@ -1,0 +1,29 @@
+"""Where an op came from (detect/provenance.py): the user's own line, never a library's."""
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+from nandoctor.detect.provenance import SourceLocator
+
+
+def _code_at(path: Path):
+    return compile("pass", str(path), "exec")
+
+
+def test_code_in_an_installed_package_is_library_code_not_the_users():
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    locator = SourceLocator()
+    for package in ("lightning/pytorch/core/module.py", "keras/src/backend/torch/numpy.py", "anything/train.py"):
+        assert not locator._user_code(_code_at(site_packages / package))
+
+
+def test_any_site_packages_folder_is_library_code_also_outside_this_environment(tmp_path):
+    other_env = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "transformers" / "trainer.py"
+    assert not SourceLocator()._user_code(_code_at(other_env))
+
+
+def test_the_users_own_files_are_user_code_wherever_they_live(tmp_path):
+    locator = SourceLocator()
+    assert locator._user_code(_code_at(tmp_path / "train.py"))
+    assert locator._user_code(_code_at(tmp_path / "src" / "mypackage" / "model.py"))  # an editable install
