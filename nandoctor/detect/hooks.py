@@ -11,6 +11,7 @@ Each hook calls the observer (see observer.py for the protocol):
 - `torch.amp.GradScaler.scale` / `.step`: which loss was scaled, and which steps the scaler
   skipped (see amp.py).
 - `torch.compile`: each call of what it returned is a compiled region (see compiled.py).
+- inside a `torch.func` transform, backward and grad are left alone (see `in_transform`).
 - Keras 3's `BaseOptimizer.apply` (torch backend), patched when the script imports Keras:
   its steps are optimizer steps like torch's, seen through `KerasOptimizer`.
 - `Tensor.tolist` / `numpy` / `__repr__`: values the script reads back (`.item()` is an op
@@ -186,6 +187,9 @@ class TrainingHooks:
         def backward(tensors, *args, **kwargs):
             if compiling():  # a compiled training step: Dynamo traces backward itself
                 return original(tensors, *args, **kwargs)
+            if in_transform():
+                observer.transform_seen("backward")
+                return original(tensors, *args, **kwargs)
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
             mark = observer.before_backward(roots)
             result = original(tensors, *args, **kwargs)
@@ -200,6 +204,9 @@ class TrainingHooks:
         @functools.wraps(original)
         def grad(outputs, *args, **kwargs):
             if compiling():
+                return original(outputs, *args, **kwargs)
+            if in_transform():  # torch.func.grad / vjp: wrapped values, no boundary to check
+                observer.transform_seen("grad")
                 return original(outputs, *args, **kwargs)
             roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs or ())
             mark = observer.before_backward(roots)
@@ -310,6 +317,13 @@ class TrainingHooks:
             return index
 
         return _next_index
+
+
+def in_transform() -> bool:
+    """Inside a torch.func transform (grad, vmap, jvp...): the tensors the hooks get are
+    functorch wrappers, whose values cannot be read (`.item()` under vmap raises). The
+    per-op mode still sees the ops underneath, on plain tensors."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
 
 
 class KerasOptimizer:

@@ -118,6 +118,11 @@ class Observer:
     def loaded(self, obj) -> None:
         """torch.load returned `obj` (only when `watches_values`)."""
 
+    def transform_seen(self, what: str) -> None:
+        """A torch.func transform ran `what` (backward, grad): its loss and gradients are
+        functorch wrappers, not checked at the boundary (the ops inside still are, in trace)."""
+        self.state.transforms.add(what)
+
     def compiled_call(self, fn, name: str, args, kwargs):
         """Call `fn`, a function or module `name` compiled with torch.compile (see compiled.py)."""
         return fn(*args, **kwargs)

@@ -45,6 +45,7 @@ class TrainingState:
         self.pending_loss: float | None = None
         self.pending_grad_norm: float | None = None
         self.clipped_from = None  # the norm clip_grad_norm_ measured this step, a tensor
+        self.transforms: set[str] = set()  # torch.func transforms ran backward/grad (not checked there)
 
     @property
     def step_or_none(self) -> int | None:

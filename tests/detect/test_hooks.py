@@ -158,3 +158,50 @@ def test_keras_steps_are_optimizer_steps_with_history(monkeypatch):
     assert found.detector.state.step == 8  # 4 batches x 2 epochs
     history = found.detector.history()
     assert len(history.loss) == 8 and all(v is not None for v in history.grad_norm)
+
+
+def _per_sample_gradients(broken: bool, steps: int = 2):
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+    def loss_fn(params, xi, yi):
+        err = (functional_call(model, params, (xi.unsqueeze(0),)) - yi) ** 2
+        return torch.sqrt(err * 0).sum() if broken else err.sum()
+
+    for _ in range(steps):
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        per_sample = vmap(grad(loss_fn), in_dims=(None, 0, 0))(params, x, y)
+        for name, p in model.named_parameters():
+            p.grad = per_sample[name].mean(0)
+        opt.step()
+    return model
+
+
+def test_vmap_of_grad_runs_under_trace_and_changes_nothing():
+    plain = _per_sample_gradients(broken=False)
+    box = {}
+    found = detect(lambda: box.setdefault("model", _per_sample_gradients(broken=False)))
+    assert not found.stopped
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), box["model"].parameters()))
+    assert found.detector.state.transforms == {"grad"}
+
+
+def test_ops_inside_torch_func_transforms_are_checked_and_the_root_found():
+    found = detect(lambda: _per_sample_gradients(broken=True))
+    assert found.stopped
+    root = found.detection.root
+    assert root.backward_node.startswith("SqrtBackward") and root.location.function == "loss_fn"
+
+
+def test_watch_mode_leaves_transforms_alone_and_stops_on_the_gradient_they_produce():
+    watcher = StepWatcher(load_config().run)
+    try:
+        with watcher:
+            _per_sample_gradients(broken=True)
+    except NonFiniteFound:
+        pass
+    assert watcher.finding().what == "gradient" and watcher.finding().weights_clean
