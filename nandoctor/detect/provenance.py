@@ -40,6 +40,8 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 _LIBRARY_DIRS = _library_dirs()
+# torch's own frames are never worth naming as the library that called an op.
+_TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 _SITE_PACKAGES_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 # Where Python hands a backward pass to the autograd engine: frames above it are the caller's.
 _ENGINE_ENTRY = torch.autograd.graph._engine_run_backward.__code__
@@ -77,6 +79,21 @@ class SourceLocator:
             frame = frame.f_back
         return None
 
+    def library_frame(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
+        """(code, line) of the innermost frame of an installed framework (Keras, Lightning,
+        transformers; not torch) between the op and the user's line, or None when the user's
+        code called torch directly. On the rare path only: the lineage keeps it."""
+        frame = sys._getframe(skip + 1)
+        while frame is not None:
+            code = frame.f_code
+            if self._user_code(code):
+                return None
+            filename = code.co_filename
+            if not filename.startswith("<") and _is_installed(os.path.realpath(filename)):
+                return code, frame.f_lineno
+            frame = frame.f_back
+        return None
+
     def user_frame_inside_backward(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
         """(code, line) of the user's own code running inside backward — a custom
         `Function.backward`, a tensor or module hook — or None when the autograd engine
@@ -106,11 +123,18 @@ class SourceLocator:
         """The path as the user would write it: the script as typed, others relative to cwd."""
         if self._main_file and filename == self._main_file:
             return self._main_display or filename
+        for marker in _SITE_PACKAGES_MARKERS:  # an installed package: from its import name
+            if marker in filename:
+                return filename.rsplit(marker, 1)[1]
         try:
             rel = os.path.relpath(filename, self._display_root)
         except ValueError:
             return filename
         return filename if rel.startswith("..") else rel
+
+
+def _is_installed(resolved: str) -> bool:
+    return not resolved.startswith(_TORCH_DIR) and any(m in resolved for m in _SITE_PACKAGES_MARKERS)
 
 
 class ModuleTracker:

@@ -69,6 +69,7 @@ class Recorder:
             node_name = type(node).__name__
         else:
             seq, where, module, node_name = created_seq, self.locator.user_frame(3), self.modules.current, None
+            facts.called_in = self.locator.location(self.locator.library_frame(3))
         written = self._written_parameter(func, args, kwargs)
         if written is not None:
             facts.writes_parameter = True

@@ -135,6 +135,7 @@ class SiteFacts:
     ctc: CtcLengths | None = None
     amp: AmpScaling | None = None
     compiled: str | None = None  # made inside this torch.compile'd function or module (ops unseen)
+    called_in: Location | None = None  # the framework's own line (Keras, Lightning) that ran the op
     exponent: float | None = None  # a Python-number exponent of pow
     op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
     loss: float | None = None  # watch mode: the loss seen at the boundary
@@ -159,6 +160,8 @@ class SiteFacts:
                 out[key] = getattr(self, key)
         if self.inf_written_at is not None:
             out["inf_written_at"] = self.inf_written_at.to_dict()
+        if self.called_in is not None:
+            out["called_in"] = self.called_in.to_dict()
         if self.batch is not None:
             b = self.batch
             out.update(batch=b.number, key=b.key, rows=list(b.rows))
@@ -177,7 +180,7 @@ class SiteFacts:
     def from_dict(cls, data: dict[str, Any] | None) -> "SiteFacts":
         data = data or {}
         facts = cls(**{f.name: data[f.name] for f in fields(cls)
-                       if f.name in data and f.name not in ("parameter", "batch", "ctc", "inf_written_at", "amp")})
+                       if f.name in data and f.name not in ("parameter", "batch", "ctc", "inf_written_at", "amp", "called_in")})
         if "parameter_shape" in data:
             group, index = data.get("parameter_position") or (None, None)
             facts.parameter = ParameterRef(data.get("parameter"), tuple(data["parameter_shape"]), group, index)
@@ -189,6 +192,7 @@ class SiteFacts:
             facts.ctc = CtcLengths(tuple(data["input_lengths"]), tuple(data["target_lengths"]),
                                    tuple(CtcItem(**i) for i in data.get("impossible") or ()))
         facts.inf_written_at = Location.from_dict(data.get("inf_written_at"))
+        facts.called_in = Location.from_dict(data.get("called_in"))
         if data.get("amp") is not None:
             facts.amp = AmpScaling(**data["amp"])
         return facts
@@ -224,6 +228,7 @@ class Site:
             "backward_node": self.backward_node,
             "module": self.module,
             "output": self.output.to_dict() if self.output else None,
+            **({"called_in": self.facts.called_in.to_dict()} if self.facts.called_in else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -237,8 +242,13 @@ class Site:
             module=data.get("module"), backward_node=data.get("backward_node"),
             output=TensorSummary.from_dict(data["output"]) if data.get("output") else None,
             inputs=[TensorSummary.from_dict(s) for s in data.get("inputs") or []],
-            step=data.get("step"), facts=SiteFacts.from_dict(data.get("facts")),
+            step=data.get("step"), facts=SiteFacts.from_dict(data.get("facts") or _lineage_facts(data)),
         )
+
+
+def _lineage_facts(entry: dict[str, Any]) -> dict[str, Any]:
+    """The facts a lineage entry keeps (the framework line that ran its op)."""
+    return {"called_in": entry["called_in"]} if entry.get("called_in") else {}
 
 
 @dataclass

@@ -27,3 +27,18 @@ def test_the_users_own_files_are_user_code_wherever_they_live(tmp_path):
     locator = SourceLocator()
     assert locator._user_code(_code_at(tmp_path / "train.py"))
     assert locator._user_code(_code_at(tmp_path / "src" / "mypackage" / "model.py"))  # an editable install
+
+
+def test_the_framework_line_that_ran_an_op_is_found_and_shown_from_its_package():
+    framework_file = Path(sysconfig.get_paths()["purelib"]) / "someframework" / "ops.py"
+    namespace: dict = {}
+    exec(compile("def run(fn):\n    return fn()\n", str(framework_file), "exec"), namespace)
+    locator = SourceLocator()
+    code, line = namespace["run"](lambda: locator.library_frame(1))
+    assert (code.co_filename, line) == (str(framework_file), 2)
+    assert locator.location((code, line)).file == "someframework/ops.py"
+
+
+def test_an_op_the_user_called_directly_has_no_framework_line():
+    locator = SourceLocator()
+    assert (lambda: locator.library_frame(1))() is None
