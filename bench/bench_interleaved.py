@@ -51,7 +51,8 @@ def block(step, steps: int, checker: str | None) -> float:
 
 def bench_model(name: str, rounds: int, block_s: float) -> dict[str, list[float]]:
     torch.manual_seed(0)
-    model, opt, loss_fn = models.MODELS[name]()
+    with Detector(load_config().run):  # as in a script: torch.compile is called under nandoctor
+        model, opt, loss_fn = models.MODELS[name]()
 
     def step():
         opt.zero_grad(set_to_none=True)

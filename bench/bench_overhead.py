@@ -91,7 +91,7 @@ def bench_model(model: str, rounds: int, steps: int, threads: int, cpu: int | No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["mlp", "cnn", "transformer", "loader"])
+    ap.add_argument("--models", nargs="+", default=["mlp", "cnn", "transformer", "loader", "gpt", "compiled"])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=None,
                     help="steps per run (default: per model, about 1.5 s of loop on a 2-core CPU)")

@@ -73,7 +73,55 @@ def loader():
     return model, torch.optim.Adam(model.parameters(), lr=1e-3), loss
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "loader": loader}
+def gpt():
+    """A GPT-style decoder: SDPA causal attention, pre-norm blocks, AdamW, bf16 autocast."""
+    V, D, H, L, layers = 512, 128, 4, 64, 2
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+            self.mlp = nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D))
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, H, D // H).permute(2, 0, 3, 1, 4)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(attn.transpose(1, 2).reshape(b, t, D))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(L, D)
+            self.blocks = nn.Sequential(*(Block() for _ in range(layers)))
+            self.ln, self.head = nn.LayerNorm(D), nn.Linear(D, V, bias=False)
+
+        def forward(self, tokens):
+            x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1]))
+            return self.head(self.ln(self.blocks(x)))
+
+    model = GPT()
+    seq = torch.randint(0, V, (8, L + 1))
+
+    def loss():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(seq[:, :-1])
+        return F.cross_entropy(logits.float().reshape(-1, V), seq[:, 1:].reshape(-1))
+
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-4), loss
+
+
+def compiled():
+    """The MLP under torch.compile (inductor; compiled during the warm-up steps)."""
+    model, opt, _ = mlp()
+    fast = torch.compile(model)
+    x, y = torch.randn(128, 784), torch.randint(0, 10, (128,))
+    return model, opt, lambda: F.cross_entropy(fast(x), y)
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "loader": loader, "gpt": gpt, "compiled": compiled}
 
 
 def main():

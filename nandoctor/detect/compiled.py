@@ -66,8 +66,23 @@ class CompileQuiet:
         warnings._filters_mutated()
 
 
-def compile_wrapper(original_compile, observer):
-    """`torch.compile` whose results report each call to `observer.compiled_call`."""
+# The observers watching now, innermost last: a compiled region reports to the one running
+# when it is called (a model compiled in one run and called in another reports to that one).
+_OBSERVERS: list = []
+
+
+def observe(observer) -> None:
+    _OBSERVERS.append(observer)
+
+
+def stop_observing(observer) -> None:
+    if observer in _OBSERVERS:
+        _OBSERVERS.remove(observer)
+
+
+def compile_wrapper(original_compile):
+    """`torch.compile` whose results report each call to the running observer's
+    `compiled_call`."""
 
     @functools.wraps(original_compile)
     def compile(model=None, **kwargs):
@@ -76,18 +91,18 @@ def compile_wrapper(original_compile, observer):
         compiled = original_compile(model, **kwargs)
         name = _name_of(model)
         if isinstance(compiled, torch.nn.Module):  # an OptimizedModule: its forward is the region
-            compiled.forward = _region(compiled.forward, name, observer)
+            compiled.forward = _region(compiled.forward, name)
             return compiled
-        return functools.wraps(compiled)(_region(compiled, name, observer))
+        return functools.wraps(compiled)(_region(compiled, name))
 
     return compile
 
 
-def _region(fn, name: str, observer):
+def _region(fn, name: str):
     def compiled_region(*args, **kwargs):
-        if compiling():  # called from code Dynamo is tracing: part of an outer region
+        if compiling() or not _OBSERVERS:  # traced inside an outer region, or nobody watching
             return fn(*args, **kwargs)
-        return observer.compiled_call(fn, name, args, kwargs)
+        return _OBSERVERS[-1].compiled_call(fn, name, args, kwargs)
 
     return compiled_region
 

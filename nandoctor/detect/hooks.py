@@ -32,6 +32,7 @@ import torch.utils.data.dataloader as dataloader_module
 from torch.amp.grad_scaler import GradScaler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from nandoctor.detect import compiled
 from nandoctor.detect.compiled import CompileQuiet, code_of, compile_wrapper, compiling, hide_from_dynamo
 from nandoctor.detect.imports import ImportPatches
 
@@ -55,7 +56,9 @@ class TrainingHooks:
         self._undo.append(imports.uninstall)
         imports.when_imported("keras.src.optimizers.base_optimizer", self._patch_keras)
         imports.when_imported("torch._dynamo", lambda module: hide_from_dynamo(self.runtime_code()))
-        self._patch(torch, "compile", lambda original: compile_wrapper(original, self.observer))
+        self._patch(torch, "compile", compile_wrapper)
+        compiled.observe(self.observer)
+        self._undo.append(lambda: compiled.stop_observing(self.observer))
         quiet = CompileQuiet().__enter__()
         self._undo.append(quiet.__exit__)
         if self.observer.watches_values:
