@@ -6,8 +6,10 @@ do not underflow; when the scaled gradients overflow it skips that step
 (`optimizer.step()` is not called) and halves the scale. That probing is expected: a
 healthy run skips a few steps, mostly at the start. So, for a backward from a scaled loss:
 
-- the loss checked at `backward()` is the loss before scaling (a real non-finite loss is
-  still a finding: a float16 overflow in forward, a `log(0)`);
+- the loss checked at `backward()` is the loss before scaling; a non-finite one makes the
+  scaler skip that step, which is harmless once (a batch that overflows float16 now and
+  then), so it is a finding only when it is non-finite `LOSSES_IN_A_ROW` steps in a row
+  (a float16 overflow in forward the data always causes, a `log(0)`): training has stopped;
 - gradients that are non-finite when backward returns are the scaler's to check, not a stop;
 - a step the scaler skips is counted, and when it skips at a scale of 1 or less the
   gradients are non-finite even unscaled: no loss scale can fix that (`amp_scale_collapse`).
@@ -22,6 +24,8 @@ from nandoctor.detect.result import AmpScaling
 
 # At or below this scale a skipped step means the unscaled gradients are non-finite.
 COLLAPSED_SCALE = 1.0
+# Scaled backwards in a row whose loss is non-finite before the run stops.
+LOSSES_IN_A_ROW = 3
 
 
 class ScalerTracker:
@@ -33,6 +37,7 @@ class ScalerTracker:
         self.skipped = 0  # steps skipped in the whole run
         self.skipped_in_a_row = 0
         self.scaler_steps = 0  # scaler.step() calls
+        self.nonfinite_losses_in_a_row = 0
 
     def scaled(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
         """scaler.scale(loss) returned `scaled`."""
@@ -47,6 +52,12 @@ class ScalerTracker:
             return roots, False
         loss, self._scaled, self._loss = self._loss, None, None
         return [loss, *roots[1:]], True
+
+    def loss_seen(self, finite: bool) -> bool:
+        """The loss of a scaled backward was checked: True when a non-finite one is now a
+        finding (`LOSSES_IN_A_ROW` in a row), False while the scaler may still skip it."""
+        self.nonfinite_losses_in_a_row = 0 if finite else self.nonfinite_losses_in_a_row + 1
+        return self.nonfinite_losses_in_a_row >= LOSSES_IN_A_ROW
 
     def stepped(self, skipped: bool) -> None:
         self.scaler_steps += 1
@@ -64,4 +75,5 @@ class ScalerTracker:
         return self.facts(scale)
 
     def facts(self, scale: float | None = None) -> AmpScaling:
-        return AmpScaling(scale, self.skipped_in_a_row, self.skipped, self.scaler_steps)
+        return AmpScaling(scale, self.skipped_in_a_row, self.skipped, self.scaler_steps,
+                          self.nonfinite_losses_in_a_row)

@@ -12,7 +12,9 @@ from typing import Callable
 
 import torch
 
+from nandoctor.detect.amp import ScalerTracker
 from nandoctor.detect.hooks import optimizer_name
+from nandoctor.detect.lineage import birth_of
 from nandoctor.detect.mode import all_finite
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.records import Record, next_order
@@ -31,10 +33,12 @@ class BoundaryChecks:
 
     # -- backward ----------------------------------------------------------------------
 
-    def loss(self, tensors) -> int:
-        """The loss reaches backward(): a non-finite loss stops the run here. Returns a mark:
-        any non-finite value made in backward after it is a reason to look at the gradients."""
-        for t in tensors:
+    def loss(self, tensors, amp: ScalerTracker | None = None) -> int:
+        """The loss reaches backward(): a non-finite loss stops the run here (a GradScaler's
+        loss, `amp`: when it is non-finite several steps in a row, see amp.py). Returns a
+        mark: any non-finite value made in backward after it is a reason to look at the
+        gradients."""
+        for t in tensors[:1] if amp is not None else tensors:
             if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()) or t.is_meta:
                 continue
             if t.numel() == 1:  # the usual scalar loss: one read gives the value and the check
@@ -43,8 +47,13 @@ class BoundaryChecks:
                 finite = math.isfinite(value)
             else:
                 finite = all_finite(t)
+            if amp is not None and not amp.loss_seen(finite):
+                continue  # the scaler skips this step
             if not finite:
-                self.stop(self.recorder.existing_or_bare(t, "loss", "forward"), StopReason.LOSS)
+                record = self.recorder.existing_or_bare(t, "loss", "forward")
+                if amp is not None:
+                    birth_of(record).facts.amp = amp.facts()
+                self.stop(record, StopReason.LOSS)
         return next_order()
 
     def gradients_after_backward(self, roots, mark: int, check: bool = True) -> None:

@@ -241,7 +241,7 @@ class Detector(Observer):
         self.read_flags()
         roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
         with self.internal():
-            self._backward_mark = self.boundaries.loss(roots)
+            self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None)
             return self._backward_mark
 
     def after_backward(self, roots, mark: int) -> None:

@@ -104,12 +104,14 @@ DeviceFlag = Literal["nan", "inf"]
 @dataclass(frozen=True)
 class AmpScaling:
     """A GradScaler's record when it stopped helping: its scale, the steps it skipped in a
-    row and in all, out of the steps it was asked to take."""
+    row and in all, out of the steps it was asked to take, and the losses in a row that
+    were non-finite before scaling."""
 
     scale: float | None
     skipped_in_a_row: int
     skipped: int
     steps: int
+    nonfinite_losses_in_a_row: int = 0  # stopped on the loss: non-finite this many steps in a row
 
 
 @dataclass

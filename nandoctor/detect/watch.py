@@ -33,6 +33,7 @@ class StepWatcher(Observer):
         self.watch_finding: WatchFinding | None = None
         self._loss: torch.Tensor | None = None
         self._loss_where = None
+        self._scaled_loss = False
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
         self._hooks = TrainingHooks(self)
 
@@ -49,7 +50,7 @@ class StepWatcher(Observer):
     # -- the boundaries --------------------------------------------------------------
 
     def before_backward(self, roots) -> int:
-        roots, _ = self.amp.unscaled(roots)  # a GradScaler's scaled loss: the loss itself
+        roots, self._scaled_loss = self.amp.unscaled(roots)  # a GradScaler's scaled loss: the loss itself
         loss = next((t for t in roots if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
         if loss is None or loss.is_meta:  # a meta tensor has no value to check
             return 0
@@ -90,6 +91,8 @@ class StepWatcher(Observer):
             grad_norm = global_norm(grads)  # rare: tell a norm that overflowed float32 from a bad gradient
         self.state.pending_loss = loss
         self.state.pending_grad_norm = clipped_from if clipped_from is not None else grad_norm
+        if loss is not None and self._scaled_loss:
+            self.amp.loss_seen(math.isfinite(loss))  # (a non-finite one skips the step: not here)
         if loss is not None and not math.isfinite(loss):
             self._stop("loss", loss, grad_norm, self._loss_where)
         if grad_norm is not None and not math.isfinite(grad_norm):
@@ -103,7 +106,7 @@ class StepWatcher(Observer):
             return
         loss = float(self._loss.item()) if self._loss is not None else None
         self._loss = None
-        if loss is not None and not math.isfinite(loss):
+        if loss is not None and self.amp.loss_seen(math.isfinite(loss)):
             self._stop("loss", loss, None, self._loss_where)
         if self.amp.collapsed(scaler) is not None:
             self._stop("gradient", loss, None, self.locator.user_frame(2))

@@ -75,8 +75,22 @@ def test_watch_mode_stops_on_a_collapsed_scale_although_no_optimizer_step_ran():
     assert stopped and watcher.finding().what == "gradient"
 
 
+def test_a_loss_that_is_non_finite_once_is_a_step_the_scaler_skips_not_a_finding():
+    calls = {"n": 0}
+
+    def one_bad_batch(out):
+        calls["n"] += 1
+        return torch.log(out * 0).mean() if calls["n"] == 20 else out.sum() * 0
+
+    found = detect(lambda: _amp_training(one_bad_batch))
+    assert not found.stopped
+    calls["n"] = 0
+    watcher, stopped = _watch(lambda: _amp_training(one_bad_batch))
+    assert not stopped
+
+
 @pytest.mark.parametrize("watch", [False, True])
-def test_a_loss_that_is_non_finite_before_scaling_stops_at_once(watch):
+def test_a_loss_that_stays_non_finite_before_scaling_stops_the_run(watch):
     def log_of_zero(out):
         return torch.log(out * 0).mean()
 
@@ -87,3 +101,4 @@ def test_a_loss_that_is_non_finite_before_scaling_stops_at_once(watch):
         found = detect(lambda: _amp_training(log_of_zero))
         assert found.stopped and found.detection.reason is StopReason.LOSS
         assert found.detection.root.op == "aten.log.default"
+        assert found.detection.root.facts.amp.nonfinite_losses_in_a_row == 3

@@ -21,9 +21,21 @@ def amp_scale_collapse(ev: Evidence) -> Cause | None:
     # What the op itself says, when a rule knows it: the reason the gradients stay non-finite.
     op_rule = rule_for(ev)
     op_cause = op_rule(ev) if op_rule is not None else None
+    if amp.nonfinite_losses_in_a_row and op_cause is not None:
+        return None  # the loss itself went non-finite: the op's own cause says why
     origin = (f"The first non-finite value in the last backward: {op_cause.title} ({op_cause.id}) at {ev.where}."
               if op_cause is not None else
               f"The first non-finite value in the last backward was made by `{ev.op or 'an unseen op'}` at {ev.where}.")
+    if amp.nonfinite_losses_in_a_row:
+        return Cause(
+            "amp_scale_collapse",
+            "the loss is non-finite step after step: the GradScaler skips every step",
+            f"The loss was non-finite before scaling {amp.nonfinite_losses_in_a_row} steps in a row, so the "
+            f"GradScaler skipped each of them ({amp.skipped} of {amp.steps} skipped so far) and the weights no "
+            f"longer change. No loss scale fixes a loss that is non-finite itself. {origin}",
+            "Run one step in float32 (disable autocast) to see whether the model or the data makes it; under "
+            "float16 keep inputs and activations small (normalise them) or use bfloat16.",
+        )
     scale = f" and its scale fell to {amp.scale:g}" if amp.scale is not None else ""
     return Cause(
         "amp_scale_collapse",
