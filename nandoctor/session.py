@@ -60,7 +60,6 @@ def _run_under(observer: Observer, runner: ScriptRunner, mode: str) -> RunReport
         error=outcome.exception, step=observer.state.step_or_none, history=observer.history(),
         stopped_by=stopped_by, discarded=observer.discarded(),
         amp=observer.amp.facts() if observer.amp.scaler_steps else None,
-        unwatched_transforms=sorted(observer.state.transforms) if mode == "watch" else (),
     )
 
 

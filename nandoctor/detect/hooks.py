@@ -190,10 +190,10 @@ class TrainingHooks:
         def backward(tensors, *args, **kwargs):
             if compiling():  # a compiled training step: Dynamo traces backward itself
                 return original(tensors, *args, **kwargs)
-            if in_transform():
-                observer.transform_seen("backward")
-                return original(tensors, *args, **kwargs)
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+            if in_transform():  # the values under functorch's wrappers are what is checked
+                observer.transform_seen("backward")
+                roots = [unwrapped(t) for t in roots]
             mark = observer.before_backward(roots)
             result = original(tensors, *args, **kwargs)
             observer.after_backward(roots, mark)
@@ -208,13 +208,14 @@ class TrainingHooks:
         def grad(outputs, *args, **kwargs):
             if compiling():
                 return original(outputs, *args, **kwargs)
-            if in_transform():  # torch.func.grad / vjp: wrapped values, no boundary to check
-                observer.transform_seen("grad")
-                return original(outputs, *args, **kwargs)
             roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs or ())
+            transform = in_transform()  # torch.func.grad / vjp: the values under the wrappers
+            if transform:
+                observer.transform_seen("grad")
+                roots = [unwrapped(t) for t in roots]
             mark = observer.before_backward(roots)
             result = original(outputs, *args, **kwargs)
-            observer.after_grad(result, mark)
+            observer.after_grad([unwrapped(g) for g in result] if transform else result, mark)
             return result
 
         return grad
@@ -327,6 +328,13 @@ def in_transform() -> bool:
     functorch wrappers, whose values cannot be read (`.item()` under vmap raises). The
     per-op mode still sees the ops underneath, on plain tensors."""
     return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def unwrapped(t):
+    """The plain tensor under functorch's wrappers (under vmap: all samples, batched)."""
+    while isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
 
 
 class KerasOptimizer:

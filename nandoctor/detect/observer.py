@@ -119,8 +119,8 @@ class Observer:
         """torch.load returned `obj` (only when `watches_values`)."""
 
     def transform_seen(self, what: str) -> None:
-        """A torch.func transform ran `what` (backward, grad): its loss and gradients are
-        functorch wrappers, not checked at the boundary (the ops inside still are, in trace)."""
+        """A torch.func transform ran `what` (backward, grad): the boundary checks get the
+        plain values under functorch's wrappers."""
         self.state.transforms.add(what)
 
     def compiled_call(self, fn, name: str, args, kwargs):

@@ -20,8 +20,7 @@ from nandoctor.report.model import Cause, RunReport
 def build_report(script: str, *, exit_code: int, mode: str = "trace", detection: Detection | None = None,
                  error: BaseException | None = None, step: int | None = None,
                  history: History | None = None, stopped_by: str | None = None,
-                 discarded: list[Discarded] = (), amp: AmpScaling | None = None,
-                 unwatched_transforms: tuple[str, ...] | list[str] = ()) -> RunReport:
+                 discarded: list[Discarded] = (), amp: AmpScaling | None = None) -> RunReport:
     """The report of one run: nonfinite when there is a detection, else script_error when
     the script raised, else clean (saying which non-finite values were made and discarded)."""
     history = history or History()
@@ -43,10 +42,6 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
     report.notes += words.discarded_notes(report.discarded)
     if amp is not None and amp.skipped:
         report.notes.append(_amp_skips(amp))
-    if unwatched_transforms:
-        report.notes.append(f"torch.func transforms ran {' and '.join(unwatched_transforms)}: watch mode does not see the "
-                            "loss or the gradients inside them (only what reaches the optimizer); --mode trace checks "
-                            "every op inside them")
     return report
 
 

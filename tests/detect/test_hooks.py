@@ -205,3 +205,16 @@ def test_watch_mode_leaves_transforms_alone_and_stops_on_the_gradient_they_produ
     except NonFiniteFound:
         pass
     assert watcher.finding().what == "gradient" and watcher.finding().weights_clean
+
+
+def test_the_loss_handed_to_torch_func_grad_is_checked_under_its_wrapper():
+    from torch.func import grad
+
+    def train():
+        w = torch.ones(3)
+        for _ in range(2):
+            w = w - 0.1 * grad(lambda w: torch.log(w * 0).sum())(w)
+
+    found = detect(train)
+    assert found.stopped and found.detection.reason is StopReason.LOSS
+    assert found.detection.root.op == "aten.log.default" and found.detection.root.phase == "forward"
