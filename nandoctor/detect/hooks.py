@@ -28,6 +28,7 @@ import collections
 import functools
 
 import torch
+import torch.func
 import torch.utils.data.dataloader as dataloader_module
 from torch.amp.grad_scaler import GradScaler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -56,6 +57,8 @@ class TrainingHooks:
         self._undo.append(imports.uninstall)
         imports.when_imported("keras.src.optimizers.base_optimizer", self._patch_keras)
         imports.when_imported("torch._dynamo", lambda module: hide_from_dynamo(self.runtime_code()))
+        for name in _TRANSFORMS:
+            self._patch(torch.func, name, self._wrap_transform)
         self._patch(torch, "compile", compile_wrapper)
         compiled.observe(self.observer)
         self._undo.append(lambda: compiled.stop_observing(self.observer))
@@ -165,6 +168,23 @@ class TrainingHooks:
             state.optimizer_created()  # steps count from here (its variables come later)
 
         return __init__
+
+    def _wrap_transform(self, original):
+        state = self.observer.state
+
+        @functools.wraps(original)
+        def transform(func, *args, **kwargs):
+            @functools.wraps(func)
+            def transformed(*call_args, **call_kwargs):
+                state.transform_depth += 1  # what runs inside is a forward being differentiated
+                try:
+                    return func(*call_args, **call_kwargs)
+                finally:
+                    state.transform_depth -= 1
+
+            return original(transformed, *args, **kwargs)
+
+        return transform
 
     def _wrap_keras_apply(self, original):
         observer = self.observer
@@ -321,6 +341,10 @@ class TrainingHooks:
             return index
 
         return _next_index
+
+
+# torch.func transforms whose function runs a forward pass (the phase of its ops).
+_TRANSFORMS = ("grad", "grad_and_value", "vjp", "jacrev", "jacfwd", "hessian", "vmap", "jvp")
 
 
 def in_transform() -> bool:

@@ -46,6 +46,7 @@ class TrainingState:
         self.pending_grad_norm: float | None = None
         self.clipped_from = None  # the norm clip_grad_norm_ measured this step, a tensor
         self.transforms: set[str] = set()  # torch.func transforms ran backward/grad (not checked there)
+        self.transform_depth = 0  # > 0 inside a function torch.func differentiates or maps
 
     @property
     def step_or_none(self) -> int | None:
@@ -64,7 +65,7 @@ class TrainingState:
             return "optimizer"
         if self.data_depth:
             return "data"
-        if not self.training_started and module is None and not _builds_graph(args):
+        if not self.training_started and module is None and not self.transform_depth and not _builds_graph(args):
             return "init" if _touches_parameter(args) or building() else "data"
         return "forward"
 

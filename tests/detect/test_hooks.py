@@ -208,9 +208,9 @@ def test_watch_mode_leaves_transforms_alone_and_stops_on_the_gradient_they_produ
 
 
 def test_the_loss_handed_to_torch_func_grad_is_checked_under_its_wrapper():
-    from torch.func import grad
-
     def train():
+        from torch.func import grad  # imported by the script, under nandoctor
+
         w = torch.ones(3)
         for _ in range(2):
             w = w - 0.1 * grad(lambda w: torch.log(w * 0).sum())(w)
