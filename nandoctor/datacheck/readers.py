@@ -10,9 +10,13 @@ without `allow_pickle`, `.pt` only through `torch.load(weights_only=True)`.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import re
 import sys
+import threading
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -49,6 +53,24 @@ class FileContext:
     options: CheckOptions = CheckOptions()
     on_bytes: Callable[[int], None] | None = None
     problems: list[Problem] = field(default_factory=list)
+    _head: bytes | None = field(default=None, repr=False)
+
+    def head(self) -> bytes:
+        """The file's first bytes, read once: what a file that fails to read really is."""
+        if self._head is None:
+            self._head = read_head(self.path)
+        return self._head
+
+    def not_valid(self) -> Unreadable:
+        """`not a valid .npy file (starts with the text 'hello')`: for a file that is not in
+        the format its name says, whatever the library reading it would have called it."""
+        ext = os.path.splitext(self.path)[1].lower()
+        return Unreadable(f"not a valid {ext} file ({starts_with(self.head())})")
+
+    def refused(self, looks_right: bool, library_error: str) -> Unreadable:
+        """The error for a file its library refused: the library's words when the file starts
+        like its format (then it is damaged, and they say how), else `not_valid()`."""
+        return Unreadable(library_error) if looks_right else self.not_valid()
 
     def add(self, key: str | None, findings: list[Finding]) -> None:
         for f in findings:
@@ -104,11 +126,103 @@ def optional(module: str, package: str) -> Any:
                              f"{INSTALL_HINT}") from None
 
 
+# ---- what a file really is --------------------------------------------------------------
+
+# Enough for every signature below and for a Git LFS pointer's first lines.
+HEAD_BYTES = 1024
+_LFS_POINTER = (b"version https://git-lfs.github.com/spec/v1", b"version https://hawser.github.com/spec/v1")
+_HTML = re.compile(rb"\s*<(?:!doctype\s+html|html[\s>])", re.IGNORECASE)
+_NPY_MAGIC = b"\x93NUMPY"
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+# What a file that fails to read as its extension says often is instead; named in the problem.
+_SIGNATURES = (
+    (_NPY_MAGIC, "a NumPy .npy array"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"PK\x05\x06", "an empty zip archive"),
+    (b"\x1f\x8b", "gzip-compressed data"),
+    (b"BZh", "bzip2-compressed data"),
+    (b"\xfd7zXZ\x00", "xz-compressed data"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data"),
+    (_HDF5_MAGIC, "an HDF5 file"),
+    (b"PAR1", "a Parquet file"),
+    (b"ARROW1", "an Arrow/Feather file"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+)
+
+
+def read_head(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(HEAD_BYTES)
+    except OSError:
+        return b""
+
+
+def not_data(head: bytes) -> str | None:
+    """What a file under a data name is when it holds no data at all, whatever its format: a
+    Git LFS pointer (cloned without `git lfs pull`) or an HTML page (a download that fetched
+    an error or sign-in page). None for anything else."""
+    if head.startswith(_LFS_POINTER):
+        size = re.search(rb"^size (\d+)\r?$", head, re.MULTILINE)
+        real = f" (the real file is {int(size[1]):,} bytes)" if size else ""
+        return f"a Git LFS pointer, not the data{real}: run `git lfs pull`"
+    if _HTML.match(head.removeprefix(b"\xef\xbb\xbf")):
+        return "an HTML page, not the data (a download that fetched an error or sign-in page?)"
+    return None
+
+
+def starts_with(head: bytes) -> str:
+    """`starts with the text 'id,x,y'` or `starts with bytes 1f 8b 08 00 ...: gzip-compressed data`."""
+    if not head:
+        return "it is empty"
+    kind = _signature(head)
+    text = _as_text(head) if kind is None else None
+    if text is not None:
+        lines = text.strip().splitlines()
+        line = lines[0] if lines else text
+        shown = line[:40] + ("..." if len(line) > 40 else "")
+        return f"starts with the text {shown!r}"
+    shown = " ".join(f"{byte:02x}" for byte in head[:8]) + (" ..." if len(head) > 8 else "")
+    return f"starts with bytes {shown}" + (f": {kind}" if kind else "")
+
+
+def looks_binary(head: bytes) -> bool:
+    """NUL bytes or a known binary signature: not a text file in any 8-bit encoding."""
+    return b"\x00" in head or _signature(head) is not None
+
+
+def _signature(head: bytes) -> str | None:
+    kind = next((what for magic, what in _SIGNATURES if head.startswith(magic)), None)
+    if kind is None and _is_pickle(head):
+        kind = "a Python pickle"
+    return kind
+
+
+def _is_pickle(head: bytes) -> bool:
+    return len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5  # PROTO 2..5
+
+
+def _as_text(head: bytes) -> str | None:
+    """The head as printable UTF-8 text, or None for binary."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:
+            return None
+        text = head[:exc.start].decode("utf-8")  # the head cut a character in two
+    text = text.removeprefix("\ufeff")
+    return text if all(c.isprintable() or c in "\t\n\r" for c in text) else None
+
+
 # ---- numpy ------------------------------------------------------------------------------
 
 
 @reader(".npy")
 def read_npy(ctx: FileContext) -> None:
+    if not ctx.head().startswith(_NPY_MAGIC):
+        # np.load would try anything else as a pickle and call it "pickled objects".
+        raise ctx.not_valid()
     try:
         # mmap: the checks walk the file in chunks, so memory stays bounded for any size.
         array = np.load(ctx.path, mmap_mode="r", allow_pickle=False)
@@ -138,7 +252,7 @@ def read_npz(ctx: FileContext) -> None:
     try:
         archive = zipfile.ZipFile(ctx.path)
     except zipfile.BadZipFile as exc:
-        raise Unreadable(f"not a valid .npz (zip) archive: {exc}") from None
+        raise ctx.refused(ctx.head().startswith(b"PK"), f"not a valid .npz (zip) archive: {exc}") from None
     with archive:
         members = [m for m in archive.infolist() if not m.is_dir()]
         if not members:
@@ -203,10 +317,14 @@ def read_torch(ctx: FileContext) -> None:
 
     try:
         obj = _torch_load(torch, ctx.path)
-    except pickle.UnpicklingError as exc:
-        raise Unreadable(_weights_only_refusal(exc)) from None
-    except (RuntimeError, EOFError, ValueError) as exc:
-        raise Unreadable(f"torch.load failed: {_one_line(exc)}") from None
+    except Exception as exc:  # sorted below; anything else goes on up
+        if not _looks_like_torch(ctx.head()):
+            raise ctx.not_valid() from None
+        if isinstance(exc, pickle.UnpicklingError):
+            raise Unreadable(_weights_only_refusal(exc)) from None
+        if isinstance(exc, (RuntimeError, EOFError, ValueError)):
+            raise Unreadable(f"torch.load failed: {_one_line(exc)}") from None
+        raise
     leaves = 0
     for key, value in iter_leaves(obj):
         leaves += 1
@@ -215,20 +333,62 @@ def read_torch(ctx: FileContext) -> None:
         ctx.problem(None, "empty", "the file holds no tensors or numbers")
 
 
+def _looks_like_torch(head: bytes) -> bool:
+    """torch.save's zip format, a legacy pickle, or the oldest tar format."""
+    return head.startswith(b"PK\x03\x04") or _is_pickle(head) or head[257:262] == b"ustar"
+
+
+# The allow-list of safe globals and the warning filters are process-wide, so one thread at
+# a time loads a .pt file; the checks of what it holds still run in parallel.
+_TORCH_LOAD = threading.Lock()
+
+
 def _torch_load(torch, path: str):
-    # weights_only=True: only tensors, containers and plain values are rebuilt; any other
-    # pickled object is refused before it is created, so nothing in the file runs.
+    # weights_only=True: only tensors, containers, plain values and (with the allow-list
+    # below) numpy arrays are rebuilt; any other pickled object is refused before it is
+    # created, so nothing in the file runs.
     # mmap=True keeps big checkpoints out of memory; old (non-zip) files do not support it.
+    with _TORCH_LOAD, warnings.catch_warnings(), torch.serialization.safe_globals(numpy_safe_globals()):
+        # Rebuilding some tensors makes torch warn about itself (TypedStorage deprecated,
+        # ComplexHalf or sparse CSR "experimental", a non-writable numpy array): not about the
+        # data, and not the user's to act on.
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            return torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            return torch.load(path, weights_only=True, map_location="cpu")
+
+
+@functools.lru_cache(maxsize=1)
+def numpy_safe_globals() -> list[tuple[Any, str]]:
+    """What torch's weights_only unpickler needs to rebuild numpy arrays and scalars, under
+    the names numpy 2 (`numpy._core`) and numpy 1 (`numpy.core`) pickle them with.
+
+    None of them runs code from the file: `_reconstruct` makes an empty array of a given
+    shape, `ndarray.__setstate__` copies raw bytes into it, `scalar` reads one value from
+    bytes, `dtype` parses a type code. The dtype of Python objects is left off, so an array
+    of objects is refused (and any object inside one would meet the same allow-list).
+    """
     try:
-        return torch.load(path, weights_only=True, map_location="cpu", mmap=True)
-    except RuntimeError as exc:
-        if "mmap" not in str(exc):
-            raise
-        return torch.load(path, weights_only=True, map_location="cpu")
+        multiarray = importlib.import_module("numpy._core.multiarray")
+    except ImportError:  # numpy 1.x
+        multiarray = importlib.import_module("numpy.core.multiarray")
+    allowed: list[tuple[Any, str]] = [(np.ndarray, "numpy.ndarray"), (np.dtype, "numpy.dtype")]
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        allowed += [(multiarray._reconstruct, f"{module}._reconstruct"), (multiarray.scalar, f"{module}.scalar")]
+    for code in "?bhilqpBHILQPefdgFDGSUVMm":  # every dtype kind but O (Python objects)
+        cls = type(np.dtype(code))
+        allowed.append((cls, f"{cls.__module__}.{cls.__qualname__}"))
+    return list(dict.fromkeys(allowed))
 
 
 def _weights_only_refusal(exc: Exception) -> str:
     text = str(exc)
+    if "ObjectDType" in text:
+        return ("holds a numpy array of Python objects (object dtype); not loaded, since unpickling "
+                "can run code")
     culprit = next((line.strip() for line in text.splitlines() if "Unsupported" in line or "GLOBAL" in line), "")
     culprit = culprit.split(" Please")[0] if culprit else "it is not a plain tensor checkpoint"
     return (f"refused by torch.load(weights_only=True): {culprit}. Nothing in it was run; "
@@ -272,7 +432,9 @@ def _as_array(value: Any) -> np.ndarray | None:
 def tensor_to_numpy(tensor) -> np.ndarray | None:
     import torch
 
-    if tensor.is_sparse or tensor.is_quantized or tensor.is_meta:
+    # Not plain strided memory: no numpy view (and touching a nested tensor warns that its
+    # API is a prototype).
+    if tensor.layout != torch.strided or tensor.is_nested or tensor.is_quantized or tensor.is_meta:
         return None
     tensor = tensor.detach().cpu()
     if tensor.dtype in (torch.bfloat16,) or "float8" in str(tensor.dtype):
@@ -306,7 +468,9 @@ def read_safetensors(ctx: FileContext) -> None:
     try:
         handle = safe_open(ctx.path, framework="pt", device="cpu")
     except Exception as exc:  # safetensors raises its own SafetensorError for a bad header
-        raise Unreadable(f"not a valid safetensors file: {_one_line(exc)}") from None
+        # A safetensors file starts with its header's length (8 bytes) and the JSON header.
+        raise ctx.refused(ctx.head()[8:9] == b"{",
+                          f"not a valid safetensors file: {_one_line(exc)}") from None
     with handle:
         names = list(handle.keys())
         if not names:
@@ -347,7 +511,7 @@ def read_image(ctx: FileContext) -> None:
                 key = f"frame {index}" if frames > 1 else None
                 ctx.check_numpy(key, _image_array(frame))
     except UnidentifiedImageError:
-        raise Unreadable("not an image Pillow can identify (corrupt or wrong extension)") from None
+        raise ctx.not_valid() from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise Unreadable(f"image cannot be decoded: {_one_line(exc)}") from None
 
@@ -361,6 +525,8 @@ def _image_array(frame) -> np.ndarray:
 
 @reader(".csv", ".tsv")
 def read_csv(ctx: FileContext) -> None:
+    if looks_binary(ctx.head()):  # a compressed or binary file would be read as one odd column
+        raise ctx.not_valid()
     delimiter = "\t" if ctx.path.lower().endswith(".tsv") else ","
     try:
         importlib.import_module("pyarrow.csv")
@@ -379,7 +545,7 @@ def _read_csv_arrow(ctx: FileContext, delimiter: str) -> None:
         _check_batches(ctx, pacsv.open_csv(ctx.path, parse_options=parse))
     except pa.ArrowInvalid as exc:
         if "conversion error" not in str(exc):
-            raise Unreadable(f"not a valid table: {_one_line(exc)}") from None
+            raise ctx.refused(not looks_binary(ctx.head()), f"not a valid table: {_one_line(exc)}") from None
         # The streaming reader guesses column types from the first block; a later block
         # that disagrees (1.5 in a column of ints) is read again with ints widened to float.
         ctx.problems.clear()
@@ -478,7 +644,8 @@ def read_parquet(ctx: FileContext) -> None:
     try:
         parquet = pq.ParquetFile(ctx.path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise Unreadable(f"not a valid parquet file: {_one_line(exc)}") from None
+        raise ctx.refused(ctx.head().startswith(b"PAR1"),
+                          f"not a valid parquet file: {_one_line(exc)}") from None
     with parquet:
         _check_batches(ctx, _BatchStream(parquet.schema_arrow, parquet.iter_batches(batch_size=65536)))
 
@@ -497,8 +664,10 @@ def read_arrow(ctx: FileContext) -> None:
             source.seek(0)
             try:
                 batches = ipc.open_stream(source)  # the Arrow streaming format
-            except pa.ArrowInvalid as exc:
-                raise Unreadable(f"not an Arrow/Feather v2 file: {_one_line(exc)}") from None
+            except (pa.ArrowInvalid, OSError) as exc:
+                # The file format starts with ARROW1, the stream format with a 0xFFFFFFFF marker.
+                looks_right = ctx.head().startswith((b"ARROW1", b"\xff\xff\xff\xff"))
+                raise ctx.refused(looks_right, f"not an Arrow/Feather v2 file: {_one_line(exc)}") from None
         _check_batches(ctx, batches)
 
 
@@ -520,7 +689,9 @@ def read_hdf5(ctx: FileContext) -> None:
     try:
         handle = h5py.File(ctx.path, "r")
     except OSError as exc:
-        raise Unreadable(f"not a valid HDF5 file: {_one_line(exc)}") from None
+        head = ctx.head()  # the signature is at 0, or at 512 after a user block
+        looks_right = head.startswith(_HDF5_MAGIC) or head[512:520] == _HDF5_MAGIC
+        raise ctx.refused(looks_right, f"not a valid HDF5 file: {_one_line(exc)}") from None
     with handle:
         datasets: list[Any] = []
         handle.visititems(lambda name, obj: datasets.append(obj) if isinstance(obj, h5py.Dataset) else None)

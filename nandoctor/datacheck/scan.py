@@ -5,8 +5,9 @@ Arrow reads, which release the GIL, so threads use the cores without the cost of
 arrays between processes (measured with bench/bench_check_data.py).
 
 Nothing found on the way is fatal: a symlink loop, a folder that cannot be listed or a file
-that cannot be opened becomes a problem of the report. Only a path that does not exist at
-all is the user's mistake (UsageError).
+that cannot be opened becomes a problem of the report. A path that does not exist, and one
+with nothing to check in it (an empty folder: a dataset that was never fetched), are the
+user's mistake (UsageError); the second one only unless `allow_empty`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,15 @@ from typing import Callable, Iterator, Sequence
 from nandoctor.datacheck.checks import CheckOptions
 from nandoctor.datacheck.model import DataReport, Problem, apply_severity
 from nandoctor.datacheck.pydataset import Target, check_dataset, parse_target
-from nandoctor.datacheck.readers import FileContext, MissingLibrary, Unreadable, _one_line, reader_for
+from nandoctor.datacheck.readers import (
+    READERS,
+    FileContext,
+    MissingLibrary,
+    Unreadable,
+    _one_line,
+    not_data,
+    reader_for,
+)
 from nandoctor.errors import UsageError
 
 
@@ -34,6 +43,11 @@ class Inventory:
     datasets: list[Target] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     skipped: int = 0
+    empty: list[str] = field(default_factory=list)  # "PATH: why", one per path with nothing to check
+
+
+class NothingToCheck(UsageError):
+    """A path the user named holds no file nandoctor can check."""
 
 
 # ---- walking ----------------------------------------------------------------------------
@@ -43,13 +57,39 @@ def collect(paths: Sequence[str]) -> Inventory:
     inventory = Inventory()
     for path in paths:
         if os.path.lexists(path):
+            if os.path.islink(path) and _stat_errno(path) in (errno.ENOENT, errno.ENOTDIR):
+                raise UsageError(f"no such file or directory: {path} "
+                                 f"(a broken symbolic link to {os.readlink(path)})")
+            found, skipped = len(inventory.files) + len(inventory.problems), inventory.skipped
             _collect_path(path, inventory, ancestors=set(), seen=set())
+            if len(inventory.files) + len(inventory.problems) == found:
+                inventory.empty.append(f"{path}: {_why_nothing(path, inventory.skipped - skipped)}")
             continue
         target = parse_target(path)
         if target is None:
             raise UsageError(f"no such file or directory: {path}")
         inventory.datasets.append(target)
     return inventory
+
+
+def _stat_errno(path: str) -> int | None:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def _why_nothing(path: str, skipped: int) -> str:
+    """Why a path the user named gave no file to check (it exists and is readable)."""
+    if os.path.isdir(path):
+        if skipped == 0:
+            return "the folder has no files"
+        noun = "file" if skipped == 1 else "files"
+        return f"the folder has no data files ({skipped} {noun} in other formats)"
+    if os.path.isfile(path):
+        return f"not a data format nandoctor reads ({' '.join(sorted(READERS))})"
+    return "not a regular file or folder"
 
 
 def _collect_path(path: str, inventory: Inventory, ancestors: set, seen: set) -> None:
@@ -111,6 +151,8 @@ def check_file(path: str, options: CheckOptions, on_bytes: Callable[[int], None]
             ctx.problem(None, "unreadable", "permission denied: the file cannot be opened")
         elif os.path.getsize(path) == 0:
             ctx.problem(None, "empty", "the file is empty (0 bytes)")
+        elif (what := not_data(ctx.head())) is not None:
+            ctx.problem(None, "unreadable", what)
         else:
             reader_for(path)(ctx)
     except MissingLibrary as exc:
@@ -137,10 +179,14 @@ def default_workers() -> int:
 
 
 def scan(paths: Sequence[str], *, errors: Sequence[str], options: CheckOptions = CheckOptions(),
-         workers: int = 0, progress: bool | None = None, warnings: Sequence[str] | None = None) -> DataReport:
+         workers: int = 0, progress: bool | None = None, warnings: Sequence[str] | None = None,
+         allow_empty: bool = False) -> DataReport:
     """Check every file and dataset named by `paths`; severities follow `errors` and
-    `warnings` (see `apply_severity`)."""
+    `warnings` (see `apply_severity`). A path with nothing to check in it raises
+    NothingToCheck unless `allow_empty`."""
     inventory = collect(paths)
+    if inventory.empty and not allow_empty:
+        raise NothingToCheck("nothing to check in " + "; ".join(inventory.empty))
     show = sys.stderr.isatty() if progress is None else progress
     with _Progress(inventory.files, show, has_datasets=bool(inventory.datasets)) as bar:
         problems = list(inventory.problems)

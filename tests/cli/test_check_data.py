@@ -79,6 +79,59 @@ def test_missing_path_exits_2_with_one_line_and_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_empty_folder_exits_2_with_one_line_naming_it_and_the_way_out(tmp_path):
+    (tmp_path / "data").mkdir()
+    result = nandoctor("data", "--json", "r.json", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == ("nandoctor: nothing to check in data: the folder has no files; "
+                             "pass --allow-empty if that is expected\n")
+    assert result.stdout == "" and not (tmp_path / "r.json").exists()
+
+
+def test_allow_empty_accepts_an_empty_folder_and_reports_zero_files(tmp_path):
+    (tmp_path / "data").mkdir()
+    result = nandoctor("data", "--allow-empty", "--json", "r.json", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert "0 files checked, no problems" in result.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["files_scanned"] == 0
+
+
+@pytest.mark.parametrize("args", [(), ("--json", "r.json")])
+def test_no_path_is_a_short_usage_error_not_the_whole_help(tmp_path, args):
+    result = nandoctor(*args, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "nandoctor: check-data needs a PATH: a data file, a folder, or FILE.py:NAME",
+        "Usage: nandoctor check-data [OPTIONS] PATH...",
+        "Try 'nandoctor check-data --help' for help.",
+    ]
+
+
+def test_git_lfs_pointer_exits_3_and_says_to_pull(tmp_path):
+    (tmp_path / "train.npz").write_text("version https://git-lfs.github.com/spec/v1\n"
+                                        "oid sha256:" + "0" * 64 + "\nsize 2048\n")
+    result = nandoctor("train.npz", "--json", "r.json", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    (problem,) = json.loads((tmp_path / "r.json").read_text())["problems"]
+    assert problem["detail"] == "a Git LFS pointer, not the data (the real file is 2,048 bytes): run `git lfs pull`"
+
+
+def test_checkpoints_torch_warns_about_leave_stderr_empty(tmp_path):
+    pytest.importorskip("torch")
+    maker = (
+        "import warnings, numpy as np, torch\n"
+        "warnings.simplefilter('ignore')\n"
+        "torch.save({'x': np.arange(3.0)}, 'arrays.pt')\n"
+        "torch.save({'q': torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)}, 'quantized.pt')\n"
+        "torch.save({'c': torch.ones(3, dtype=torch.complex32)}, 'half_complex.pt')\n"
+        "torch.save({'n': torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, 'nested.pt')\n"
+    )
+    subprocess.run([sys.executable, "-c", maker], cwd=tmp_path, check=True)
+    result = nandoctor(".", "--workers", "2", cwd=tmp_path)
+    assert "UserWarning" not in result.stderr
+    assert result.stderr == ""
+
+
 def test_unreadable_config_exits_2(tmp_path):
     np.save(tmp_path / "x.npy", np.arange(3.0))
     (tmp_path / "cfg.yaml").write_text("check_data:\n  errorz: []\n")

@@ -2,12 +2,13 @@
 clean twins give nothing, and files that could run code are refused without running it."""
 import csv
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
 from checking import problems_of
-from nandoctor.datacheck.readers import _read_csv_stdlib, FileContext
+from nandoctor.datacheck.readers import READERS, _read_csv_stdlib, FileContext
 
 
 class CreatesMarker:
@@ -107,6 +108,83 @@ def test_zero_byte_file_is_empty(tmp_path):
     assert problem.check == "empty"
 
 
+# ---- files that are not what their name says --------------------------------------------
+
+# The library each extension needs beyond numpy and torch (its file is `not_checked` without it).
+NEEDS = {".safetensors": "safetensors", ".parquet": "pyarrow", ".feather": "pyarrow", ".arrow": "pyarrow",
+         ".ipc": "pyarrow", ".h5": "h5py", ".hdf5": "h5py", ".png": "PIL", ".jpg": "PIL", ".jpeg": "PIL",
+         ".bmp": "PIL", ".tif": "PIL", ".tiff": "PIL", ".webp": "PIL"}
+LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
+               "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+               "size 12345\n")
+
+
+def only_problem(path):
+    (problem,) = problems_of(path)
+    return problem
+
+
+@pytest.mark.parametrize("ext", sorted(READERS))
+def test_git_lfs_pointer_is_named_as_such_in_every_format(tmp_path, ext):
+    if ext in NEEDS:
+        pytest.importorskip(NEEDS[ext])
+    (tmp_path / f"data{ext}").write_text(LFS_POINTER)
+    problem = only_problem(tmp_path / f"data{ext}")
+    assert problem.check == "unreadable"
+    assert problem.detail == "a Git LFS pointer, not the data (the real file is 12,345 bytes): run `git lfs pull`"
+
+
+def test_html_page_saved_under_a_data_name_is_named_as_such(tmp_path):
+    for name in ("train.npz", "train.csv"):
+        (tmp_path / name).write_text("<!DOCTYPE html>\n<html><head><title>Sign in</title></head></html>\n")
+        problem = only_problem(tmp_path / name)
+        assert (problem.check, problem.detail.split(" (")[0]) == ("unreadable", "an HTML page, not the data"), name
+
+
+@pytest.mark.parametrize("ext", [".npy", ".npz", ".pt", ".pth", ".safetensors", ".h5", ".parquet", ".feather", ".png"])
+def test_text_named_like_a_data_file_is_not_valid_and_shows_its_first_line(tmp_path, ext):
+    if ext in NEEDS:
+        pytest.importorskip(NEEDS[ext])
+    (tmp_path / f"x{ext}").write_text("hello, this is not data\nsecond line\n")
+    problem = only_problem(tmp_path / f"x{ext}")
+    assert problem.check == "unreadable"
+    assert problem.detail == f"not a valid {ext} file (starts with the text 'hello, this is not data')"
+
+
+@pytest.mark.parametrize("ext", [".npy", ".npz", ".pt", ".safetensors", ".h5", ".parquet", ".feather"])
+def test_random_bytes_named_like_a_data_file_are_not_valid_and_shown_in_hex(tmp_path, ext):
+    if ext in NEEDS:
+        pytest.importorskip(NEEDS[ext])
+    (tmp_path / f"x{ext}").write_bytes(bytes([0x3f, 0xa2, 0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66]) * 20)
+    problem = only_problem(tmp_path / f"x{ext}")
+    assert problem.check == "unreadable"
+    assert problem.detail == f"not a valid {ext} file (starts with bytes 3f a2 00 11 22 33 44 55 ...)"
+
+
+def test_text_npy_is_no_longer_called_pickled_objects(tmp_path):
+    # np.load tries anything without the .npy magic as a pickle, and refused it as "pickled
+    # Python objects": the magic is looked at first.
+    (tmp_path / "x.npy").write_text("1.0 2.0 3.0\n")
+    assert "pickled" not in only_problem(tmp_path / "x.npy").detail
+
+
+def test_a_known_format_under_the_wrong_name_is_named(tmp_path):
+    import gzip
+
+    (tmp_path / "table.csv").write_bytes(gzip.compress(b"x,y\n1,2\n"))
+    np.savez(tmp_path / "arrays.npz", a=np.arange(3.0))
+    (tmp_path / "arrays.npz").rename(tmp_path / "arrays.npy")
+    assert only_problem(tmp_path / "table.csv").detail.endswith(": gzip-compressed data)")
+    assert only_problem(tmp_path / "arrays.npy").detail.endswith(": a zip archive)")
+
+
+def test_a_damaged_file_of_the_right_format_keeps_the_librarys_own_words(tmp_path):
+    np.savez(tmp_path / "d.npz", a=np.arange(1000.0))
+    data = (tmp_path / "d.npz").read_bytes()
+    (tmp_path / "d.npz").write_bytes(data[: len(data) // 2])  # starts like a zip, ends nowhere
+    assert only_problem(tmp_path / "d.npz").detail == "not a valid .npz (zip) archive: File is not a zip file"
+
+
 # ---- torch ------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
@@ -156,6 +234,89 @@ def test_legacy_non_zip_checkpoint_is_read(tmp_path):
 def test_garbage_pt_is_unreadable(tmp_path):
     (tmp_path / "x.pt").write_bytes(b"\x00garbage" * 10)
     assert [p.check for p in problems_of(tmp_path / "x.pt")] == ["unreadable"]
+
+
+def test_numpy_arrays_and_scalars_in_a_checkpoint_are_checked_like_tensors(tmp_path):
+    y = np.ones((3, 2))
+    y[2, 1] = np.inf
+    torch.save({"x": np.arange(3.0), "y": y, "step": np.int64(7), "loss": np.float32("nan"),
+                "w": torch.ones(2)}, tmp_path / "mixed.pt")
+    found = {(p.key, p.check, tuple(p.positions)) for p in problems_of(tmp_path / "mixed.pt")}
+    assert found == {("['y']", "inf", ((2, 1),)), ("['loss']", "nan", ((),))}
+
+
+def test_checkpoint_with_numpy_1_names_is_read(tmp_path):
+    # numpy 1.x pickles its arrays as numpy.core.multiarray._reconstruct, numpy 2 as numpy._core.
+    import zipfile
+
+    torch.save({"x": np.array([1.0, np.nan])}, tmp_path / "new.pt")
+    with zipfile.ZipFile(tmp_path / "new.pt") as new, zipfile.ZipFile(tmp_path / "old.pt", "w") as old:
+        for member in new.infolist():
+            data = new.read(member)
+            if member.filename.endswith("data.pkl"):
+                assert b"numpy._core.multiarray" in data
+                data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+            old.writestr(member.filename, data)
+    (problem,) = problems_of(tmp_path / "old.pt")
+    assert (problem.key, problem.check, problem.positions) == ("['x']", "nan", [(1,)])
+
+
+class RunsNumpyCode:
+    """A numpy function that runs code on unpickling: allowing numpy arrays must not allow it."""
+
+    def __init__(self, path):
+        self.code = f"open({str(path)!r}, 'w').close()"
+
+    def __reduce__(self):
+        from numpy.testing._private.utils import runstring
+
+        return (runstring, (self.code, {}))
+
+
+@pytest.mark.parametrize("evil", [CreatesMarker, RunsNumpyCode])
+def test_numpy_allow_list_still_refuses_any_other_global_next_to_arrays(tmp_path, evil):
+    marker = tmp_path / "pwned"
+    torch.save({"x": np.arange(3.0), "payload": evil(marker)}, tmp_path / "evil.pt")
+    problem = only_problem(tmp_path / "evil.pt")
+    assert problem.check == "unreadable" and "refused by torch.load(weights_only=True)" in problem.detail
+    assert "Unsupported global" in problem.detail
+    assert not marker.exists()
+
+
+def test_numpy_array_of_python_objects_in_a_checkpoint_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"o": np.array([CreatesMarker(marker), 1], dtype=object)}, tmp_path / "obj.pt")
+    problem = only_problem(tmp_path / "obj.pt")
+    assert (problem.check, problem.detail.split(";")[0]) == (
+        "unreadable", "holds a numpy array of Python objects (object dtype)")
+    assert not marker.exists()
+
+
+def test_reading_a_checkpoint_leaves_torchs_allow_list_as_it_was(tmp_path):
+    torch.save({"x": np.arange(3.0)}, tmp_path / "x.pt")
+    before = torch.serialization.get_safe_globals()
+    assert problems_of(tmp_path / "x.pt") == []
+    assert torch.serialization.get_safe_globals() == before
+    with pytest.raises(Exception, match="numpy"):  # the user's own torch.load is as strict as before
+        torch.load(tmp_path / "x.pt", weights_only=True)
+
+
+def test_torch_warnings_about_itself_do_not_escape_while_reading(tmp_path, monkeypatch):
+    # torch warns about TypedStorage once per process: every time here, whatever ran before.
+    monkeypatch.setattr(torch.storage, "_always_warn_typed_storage_removal", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # making these tensors warns too
+        torch.save({"q": torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),  # TypedStorage
+                    "c": torch.ones(3, dtype=torch.complex32),  # ComplexHalf is experimental
+                    "csr": torch.eye(3).to_sparse_csr(),  # sparse CSR is beta
+                    "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),  # prototype
+                    "w": torch.ones(2)}, tmp_path / "odd.pt")
+    filters = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        problems_of(tmp_path / "odd.pt")
+    assert [str(w.message) for w in caught] == []
+    assert warnings.filters == filters
 
 
 # ---- safetensors ------------------------------------------------------------------------

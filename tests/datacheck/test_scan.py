@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from nandoctor.datacheck.checks import CheckOptions
-from nandoctor.datacheck.scan import scan
+from nandoctor.datacheck.scan import NothingToCheck, scan
 from nandoctor.errors import UsageError
 
 ERRORS = ["nan", "inf", "empty", "unreadable", "label_range"]
@@ -93,6 +93,55 @@ def test_folder_without_permission_is_reported(tmp_path):
 def test_missing_path_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="no such file"):
         run_scan(tmp_path / "nope")
+
+
+def test_broken_symlink_named_as_a_path_is_a_missing_path(tmp_path):
+    os.symlink(tmp_path / "not-fetched", tmp_path / "data")
+    with pytest.raises(UsageError, match=r"no such file or directory: .*data \(a broken symbolic link to .*not-fetched\)"):
+        run_scan(tmp_path / "data", allow_empty=True)
+
+
+def test_empty_folder_is_nothing_to_check(tmp_path):
+    (tmp_path / "data").mkdir()
+    with pytest.raises(NothingToCheck) as raised:
+        run_scan(tmp_path / "data")
+    assert str(raised.value) == f"nothing to check in {tmp_path / 'data'}: the folder has no files"
+    assert isinstance(raised.value, UsageError)  # exit status 2
+
+
+def test_folder_of_other_files_only_is_nothing_to_check_and_says_how_many(tmp_path):
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "README.md").write_text("the data lives elsewhere")
+    (tmp_path / "data" / "sub" / "notes.txt").write_text("")
+    with pytest.raises(NothingToCheck, match=r"the folder has no data files \(2 files in other formats\)$"):
+        run_scan(tmp_path / "data")
+
+
+def test_file_in_a_format_nandoctor_does_not_read_is_nothing_to_check(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(NothingToCheck, match=r"notes.txt: not a data format nandoctor reads \(.*\.npy .*\)"):
+        run_scan(tmp_path / "notes.txt")
+
+
+def test_one_empty_path_among_good_ones_is_still_named(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "val").mkdir()
+    np.save(tmp_path / "train" / "x.npy", np.arange(3.0))
+    with pytest.raises(NothingToCheck, match="nothing to check in [^;]*val: the folder has no files$"):
+        run_scan(tmp_path / "train", tmp_path / "val")
+
+
+def test_allow_empty_scans_an_empty_folder_as_zero_files(tmp_path):
+    (tmp_path / "data").mkdir()
+    report = run_scan(tmp_path / "data", allow_empty=True)
+    assert (report.files_scanned, report.problems, report.status) == (0, [], "clean")
+
+
+def test_a_folder_whose_only_entry_is_a_problem_is_not_empty(tmp_path):
+    (tmp_path / "data").mkdir()
+    os.symlink(tmp_path / "data" / "loop.npy", tmp_path / "data" / "loop.npy")
+    (problem,) = run_scan(tmp_path / "data").problems
+    assert problem.check == "unreadable"
 
 
 def test_severity_follows_the_errors_list(tmp_path):
