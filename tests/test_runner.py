@@ -192,9 +192,15 @@ class TestInProcess:
         with pytest.raises(UsageError, match="not a Python script"):
             ScriptRunner(str(path), []).prepare()
 
-    def test_a_syntax_error_names_the_line(self, script):
-        with pytest.raises(UsageError, match=r"not valid Python.*line 2"):
-            ScriptRunner(str(script("bad.py", "x = 1\ndef (:\n")), []).prepare()
+    def test_a_syntax_error_is_the_scripts_and_ends_the_run_as_python_would(self, script, capsys):
+        runner = ScriptRunner(str(script("bad.py", "x = 1\ndef (:\n")), [])
+        runner.prepare()  # not a usage error: the script exists, its code is wrong
+        outcome = runner.run()
+        assert outcome.exit_code == 1 and type(outcome.exception) is SyntaxError
+        err = capsys.readouterr().err
+        assert err.startswith('  File "') and 'bad.py", line 2\n    def (:\n' in err
+        assert "^" in err and err.rstrip().endswith("SyntaxError: invalid syntax")
+        assert "Traceback" not in err
 
     def test_an_unknown_module_is_a_usage_error(self):
         with pytest.raises(UsageError, match="no module named 'surely_not_a_module'"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from nandoctor.detect.result import Detection, Site, WatchFinding
 from nandoctor.diagnose.evidence import fmt
 from nandoctor.report.model import Cause
+from nandoctor.report.text import steps_done
 
 _DETERMINISM_FIX = (
     "Make the run deterministic (`torch.manual_seed`, seeded DataLoader `generator` and `worker_init_fn`, "
@@ -25,14 +26,18 @@ def subject(detection: Detection) -> str:
     return "gradient" if root.phase == "backward" else "value"
 
 
+# `step` below is always the number of optimizer steps completed, the report's `step`:
+# every line says it the same way ("after 25 optimizer steps"), never as a 1-based "step 26".
+
+
 def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
-    return (f"{mode} mode: the {what} went non-finite at step {step + 1}"
+    return (f"{mode} mode: the {what} went non-finite {steps_done(step)}"
             + (" (the update was not applied)" if weights_clean else "")
             + "; re-running the script under --mode trace to find the op...")
 
 
 def reproduced(mode: str, what: str, step: int) -> str:
-    return (f"{mode} mode stopped at step {step + 1} on a non-finite {what}; a seeded replay checking every op "
+    return (f"{mode} mode stopped on a non-finite {what} {steps_done(step)}; a seeded replay checking every op "
             "found the op above.")
 
 
@@ -58,7 +63,7 @@ def nonreproducible_flag(root: Site, step: int | None) -> Cause:
     value = "NaN" if root.facts.device_flag == "nan" else "Inf"
     where = f" at {root.location}" if root.location else ""
     return _nonreproducible(
-        f"`{root.op}`{where} made {value} at step {(step or 0) + 1}, as read from its device-side flag at the "
+        f"`{root.op}`{where} made {value} {steps_done(step or 0)}, as read from its device-side flag at the "
         "step boundary, but re-running the script from the start, with the same random seeds, checking every op "
         "at once, did not make it again.")
 
@@ -67,7 +72,7 @@ def nonreproducible_watch(finding: WatchFinding, replay_ran_clean: bool) -> Caus
     """Watch mode saw a non-finite loss or gradient; the replay under trace did not."""
     how = "ran clean" if replay_ran_clean else "ended without a finding"
     return _nonreproducible(
-        f"Watch mode saw a non-finite {finding.what} at step {finding.step + 1} (loss {fmt(finding.loss)}, "
+        f"Watch mode saw a non-finite {finding.what} {steps_done(finding.step)} (loss {fmt(finding.loss)}, "
         f"gradient norm {fmt(finding.grad_norm)}), but re-running the script from the start, with the same random "
         f"seeds, under the per-op detector {how} up to that step.")
 

@@ -2,7 +2,8 @@
 an intended Inf was written. Used by the rules and by the report's stop reason."""
 from __future__ import annotations
 
-from nandoctor.detect.result import Discarded, ParameterRef, Site, SiteFacts, StopReason
+from nandoctor.detect.result import CtcItem, Discarded, ParameterRef, Site, SiteFacts, StopReason
+from nandoctor.report.text import DISCARDED_LISTED, plural, times
 
 
 def parameter(ref: ParameterRef | None) -> str:
@@ -60,28 +61,40 @@ def stop_reason(reason: StopReason, event: Site) -> str:
     return _STOP_REASONS[reason]
 
 
+def ctc_items(items: tuple[CtcItem, ...], listed: int = 5) -> str:
+    """`item 3 (4 frames for 7 labels), item 5 (5 frames for 4 labels + 1 repeat)`: the batch
+    items CTC cannot align, with what each needs; the first `listed`, then a count."""
+    said = [f"item {i.item} ({plural(i.input_length, 'frame')} for {plural(i.target_length, 'label')}"
+            + (f" + {plural(i.repeats, 'repeat')}" if i.repeats else "") + ")" for i in items[:listed]]
+    if len(items) > listed:
+        said.append(f"and {len(items) - listed} more")
+    return ", ".join(said)
+
+
 def site_brief(site: Site) -> str:
     """`aten.div.Tensor at model.py:12`."""
     return f"{site.op} at {site.location}" if site.location else site.op
 
 
-def discarded_notes(discarded: list[Discarded], listed: int = 5) -> list[str]:
-    """For a clean run: the non-finite values that were made and never mattered, and the
-    ones the user allowed, each by where they were born, most frequent first."""
+_NOTED = 10  # sites a note lists beyond the summary's
+
+
+def discarded_notes(discarded: list[Discarded], listed: int = DISCARDED_LISTED) -> list[str]:
+    """For a clean run: the places that made non-finite values beyond the `listed` ones the
+    clean summary names (`report.text.discarded_summary`), each with its op, kind and count,
+    most frequent first; nothing when the summary names them all."""
     notes = []
-    for allowed, head in ((False, "made and discarded (none reached the loss, a gradient, a parameter or a "
-                                  "value the script read)"),
-                          (True, "made on lines you allowed (`# nandoctor: allow` or run.allow)")):
+    for allowed, head in ((False, "made and discarded"), (True, "made on lines you allowed")):
         group = [d for d in discarded if d.allowed == allowed]
-        if not group:
+        if len(group) <= listed:
             continue
-        total = sum(d.count for d in group)
-        sites = "; ".join(_discarded_site(d) for d in group[:listed])
-        more = f"; and {len(group) - listed} more places" if len(group) > listed else ""
-        notes.append(f"{total} non-finite value{'s were' if total != 1 else ' was'} {head}: {sites}{more}.")
+        rest = group[listed:]
+        sites = "; ".join(_discarded_site(d) for d in rest[:_NOTED])
+        more = f"; and {plural(len(rest) - _NOTED, 'more place')}" if len(rest) > _NOTED else ""
+        notes.append(f"non-finite values were also {head}: {sites}{more}.")
     return notes
 
 
 def _discarded_site(d: Discarded) -> str:
     where = f" at {d.location}" if d.location else ""
-    return f"{d.op or 'a value entering torch'}{where} ({'NaN' if d.made == 'nan' else 'Inf'} ×{d.count})"
+    return f"{d.op or 'a value entering torch'}{where} ({'NaN' if d.made == 'nan' else 'Inf'}, {times(d.count)})"

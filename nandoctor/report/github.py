@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from nandoctor.report.model import Site, RunReport
 from nandoctor.report.render import AppendFile, Output, Stream
-from nandoctor.report.text import checks, problem_line
+from nandoctor.report.text import checks, discarded_summary, plural, problem_line, steps_done
 from nandoctor.stats import one_line
 
 if TYPE_CHECKING:
@@ -187,10 +187,12 @@ def _row(label: str, site: Site) -> str:
 def run_summary_markdown(report: RunReport) -> str:
     """Markdown for $GITHUB_STEP_SUMMARY: the verdict first, then where, what went in, why."""
     script = _md_code(report.script)
-    steps = f"{report.step} optimizer steps" if report.step is not None else "no optimizer step seen"
+    steps = plural(report.step, "optimizer step") if report.step is not None else "no optimizer step seen"
     if report.status == "clean":
         stopped = " (stopped at max_steps)" if report.stopped_by == "max_steps" else ""
-        return f"✅ **nandoctor**: {script} ran clean — no NaN/Inf, {steps}{stopped}.\n"
+        seen = discarded_summary(report.discarded)
+        what = seen or "no NaN/Inf"
+        return f"✅ **nandoctor**: {script} ran clean — {_md_text(what)}, {steps}{stopped}.\n"
     if report.status == "script_error":
         error = report.error or {}
         what = f"{error.get('type', 'an error')}: {error.get('message', '')}".rstrip(": ")
@@ -200,7 +202,7 @@ def run_summary_markdown(report: RunReport) -> str:
     cause = report.cause
     title = cause.title if cause else "Non-finite value"
     out = [f"### ❌ nandoctor: non-finite value in {script}", ""]
-    when = f"after {report.step} optimizer steps" if report.step is not None else "no optimizer step seen yet"
+    when = steps_done(report.step) if report.step is not None else "no optimizer step seen yet"
     out.append(f"**{_md_text(title)}**" + (f" ({_md_code(cause.id)})" if cause else "") + f" — {when}.")
     out.append("")
     out.append("| | op | phase | location | module |")
@@ -272,7 +274,7 @@ def data_summary_markdown(report: DataReport) -> str:
     problems = report.problems
     scanned = report.files_scanned
     if not problems:
-        return f"✅ **nandoctor check-data**: {scanned} files scanned, no problems.\n"
+        return f"✅ **nandoctor check-data**: {plural(scanned, 'file')} scanned, no problems.\n"
     by_file = report.by_file()
     error_files = sum(1 for ps in by_file.values() if _has_error(ps))
     icon = "❌" if error_files else "⚠️"
@@ -291,5 +293,5 @@ def data_summary_markdown(report: DataReport) -> str:
         ]
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if len(problems) > MAX_SUMMARY_ROWS:
-        out += ["", f"…and {len(problems) - MAX_SUMMARY_ROWS} more problems (see the JSON report)."]
+        out += ["", f"…and {plural(len(problems) - MAX_SUMMARY_ROWS, 'more problem')} (see the JSON report)."]
     return "\n".join(out) + "\n"

@@ -4,9 +4,10 @@
 value was found, an `<error>` when the script itself crashed, nothing when it ran clean.
 `nandoctor check-data` becomes one test case per data file, failing when the file has a
 problem that counts as an error (`check_data.errors`); warnings go to `<system-out>`.
-`time` (seconds) is put on the suite; `files`, when given, lists every scanned file so
-that clean files appear as passing cases (the data report itself names only files with
-problems).
+`time` (seconds) is put on the suite and, for a run, on its case; without it, a run's own
+measured duration (`RunReport.duration_s`) is used. `files`, when given, lists every
+scanned file so that clean files appear as passing cases (the data report itself names
+only files with problems).
 
 Built with ElementTree, so every attribute and text is escaped by the XML writer. Text that
 XML 1.0 cannot hold at all (control characters, undecodable file names) is made printable.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from nandoctor.report.model import RunReport
-from nandoctor.report.text import checks, failure_message, failure_text, problem_line
+from nandoctor.report.text import checks, discarded_summary, failure_message, failure_text, plural, problem_line
 
 if TYPE_CHECKING:
     from nandoctor.datacheck.model import DataReport
@@ -31,14 +32,19 @@ DATA_CLASSNAME = "nandoctor.check_data"
 
 @dataclass(frozen=True)
 class JUnit:
-    time: float = 0.0
+    time: float | None = None  # seconds; None: the report's own duration, when it has one
     files: Sequence[str] | None = None
 
     def render_run(self, report: RunReport) -> str:
-        return run_junit(report, self.time)
+        return run_junit(report, self._time(report))
 
     def render_data(self, report: DataReport) -> str:
-        return data_junit(report, self.files, self.time)
+        return data_junit(report, self.files, self._time(report))
+
+    def _time(self, report) -> float:
+        if self.time is not None:
+            return self.time
+        return getattr(report, "duration_s", None) or 0.0
 
 
 # Characters XML 1.0 forbids even when escaped: C0 controls other than tab/newline/CR,
@@ -89,6 +95,8 @@ def run_junit(report: RunReport, time: float = 0.0) -> str:
         message = f"{kind}: {error.get('message', '')}".rstrip(": ")
         text = f"{message}\nThe script exited with status {report.exit_code} before any non-finite value was seen."
         case.append(_element("error", {"message": message, "type": kind}, text))
+    elif report.discarded:  # passing, but say what was made and thrown away
+        case.append(_element("system-out", None, f"clean: {discarded_summary(report.discarded)}."))
     return _serialize(_suite(SUITE_NAME, [case], time))
 
 
@@ -116,5 +124,6 @@ def data_junit(report: DataReport, files: Sequence[str] | None = None, time: flo
         cases.append(case)
     if not cases:
         cases.append(_element("testcase", {"classname": DATA_CLASSNAME,
-                                           "name": f"check-data ({report.files_scanned} files)", "time": "0.000"}))
+                                           "name": f"check-data ({plural(report.files_scanned, 'file')})",
+                                           "time": "0.000"}))
     return _serialize(_suite(f"{SUITE_NAME}.check-data", cases, time))

@@ -12,14 +12,15 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markup import escape
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from nandoctor.report.model import History, Location, Site, RunReport, SiteFacts
-from nandoctor.report.text import decode_surrogates
+from nandoctor.report.text import decode_surrogates, discarded_summary, fit_location, plural, steps_done
 from nandoctor.stats import one_line
 
 if TYPE_CHECKING:
@@ -44,30 +45,41 @@ class Terminal:
     def _text(self, *renderables: RenderableType) -> str:
         with self.console.capture() as captured:
             for renderable in renderables:
-                self.console.print(renderable)
+                # A path is printed whole, never wrapped or cropped, so it can be copied.
+                self.console.print(renderable, soft_wrap=isinstance(renderable, WholeLine))
         return captured.get()
+
+
+class WholeLine(Text):
+    """A line printed as it is, however narrow the console: a file name to copy."""
 
 
 # -- nandoctor run ----------------------------------------------------------------------
 
 
-def run_renderable(report: RunReport, context_lines: int = 2):
+def run_renderable(report: RunReport, context_lines: int = 2) -> RenderableType:
     if report.status == "nonfinite":
-        return _nonfinite(report, context_lines)
+        return NonfiniteReport(report, context_lines)
     if report.status == "script_error":
         return _script_error(report)
     return _clean(report)
 
 
 def _clean(report: RunReport) -> Text:
-    steps = f" over {report.step} optimizer steps" if report.step is not None else ""
     why = " (stopped at --max-steps)" if report.stopped_by == "max_steps" else ""
-    made = sum(d.count for d in report.discarded)
-    what = "no NaN or Inf" if not made else "no NaN or Inf that mattered"
-    text = Text.from_markup(
-        f"[bold green]nandoctor: clean[/] — {what} in {escape(report.script)}{steps}{why}; "
-        f"the script exited {report.exit_code}."
-    )
+    seen = discarded_summary(report.discarded)
+    if not seen:
+        steps = f" over {plural(report.step, 'optimizer step')}" if report.step is not None else ""
+        text = Text.from_markup(
+            f"[bold green]nandoctor: clean[/] — no NaN or Inf in {escape(report.script)}{steps}{why}; "
+            f"the script exited {report.exit_code}."
+        )
+    else:  # say what was seen: where NaN/Inf were made, and that none of them mattered
+        steps = f"ran {plural(report.step, 'optimizer step')}{why} and " if report.step is not None else ""
+        text = Text.from_markup(
+            f"[bold green]nandoctor: clean[/] — {escape(report.script)} {steps}exited {report.exit_code}. "
+            f"{escape(seen[0].upper() + seen[1:])}."
+        )
     for note in report.notes:
         text.append_text(Text.from_markup(f"\n[dim]note:[/] {escape(note)}"))
     return text
@@ -78,11 +90,28 @@ def _script_error(report: RunReport) -> Text:
     return Text.from_markup(
         f"[bold yellow]nandoctor: the script raised {escape(err.get('type', 'an exception'))}[/] "
         f"(exit {report.exit_code}); no NaN or Inf was seen before it"
-        + (f" ({report.step} optimizer steps)." if report.step is not None else ".")
+        + (f" ({steps_done(report.step)})." if report.step is not None else ".")
     )
 
 
-def _nonfinite(report: RunReport, context_lines: int):
+@dataclass(frozen=True)
+class NonfiniteReport:
+    """The boxed report of a non-finite run, laid out for the width it is rendered at: the
+    headline keeps its `file:line` (the path shortened from the left) at 80 columns too."""
+
+    report: RunReport
+    context_lines: int = 2
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield _nonfinite(self.report, self.context_lines, options.max_width)
+
+
+# The panel's frame: `╭─ title ─╮` around the title, `│ ` and ` │` around each line.
+_TITLE_FRAME = 6
+_BODY_FRAME = 4
+
+
+def _nonfinite(report: RunReport, context_lines: int, width: int = 120) -> Panel:
     root, event, cause = report.root, report.event, report.cause
     assert root is not None and event is not None
     parts: list = []
@@ -92,12 +121,13 @@ def _nonfinite(report: RunReport, context_lines: int):
         if cause.fix:
             parts.append(Text.from_markup(f"[bold green]Fix:[/] {escape(cause.fix)}"))
         parts.append(Text(""))
-    parts.append(_site_heading("Root", root))
+    body = max(width - _BODY_FRAME, 20)
+    parts.append(_site_heading("Root", root, body))
     parts.append(_source(root.location, context_lines))
     parts.append(_tensors(root))
     if len(report.lineage) > 1:
         parts.append(Text(""))
-        parts.append(_lineage(report.lineage))
+        parts.append(_lineage(report.lineage, body))
     if event is not root and len(report.lineage) > 1:
         parts.append(Text.from_markup(f"[bold]Stopped[/] at the last op above: {escape(report.reason)}."))
     history = _history(report.history)
@@ -108,12 +138,23 @@ def _nonfinite(report: RunReport, context_lines: int):
         parts.append(_watch_line(report))
     for note in report.notes:
         parts.append(Text.from_markup(f"[dim]note:[/] {escape(note)}"))
-    kind = _kind(event)
-    where = f" at {root.location}" if root.location else ""
-    title = f"nandoctor: {kind} in {root.phase}{escape(where)}"
     if report.step is not None:
-        parts.insert(0, Text(f"after {report.step} optimizer step{'s' if report.step != 1 else ''}", style="dim"))
-    return Panel(Group(*parts), title=f"[bold red]{title}[/]", title_align="left", border_style="red", expand=False)
+        parts.insert(0, Text(steps_done(report.step), style="dim"))
+    title = Text(_headline(event, root, width - _TITLE_FRAME), style="bold red")
+    return Panel(Group(*parts), title=title, title_align="left", border_style="red", expand=False)
+
+
+def _headline(event: Site, root: Site, width: int) -> str:
+    """`nandoctor: NaN in forward at …/deep/train.py:42`, in at most `width` characters
+    when it can be: the path is shortened from the left and, on a very narrow console, the
+    words before it go, but the file name and line number stay."""
+    kind = _kind(event)
+    heads = [f"nandoctor: {kind} in {root.phase}", f"nandoctor: {kind}", kind]
+    if root.location is None:
+        return heads[0]
+    name = f"{root.location.file.rsplit('/', 1)[-1]}:{root.location.line}"  # what must stay whole
+    head = next((h for h in heads if width - len(h) - 4 >= len(name) + 2), heads[-1])
+    return f"{head} at {fit_location(root.location, max(width - len(head) - 4, 4))}"
 
 
 def _watch_line(report: RunReport) -> Text:
@@ -128,18 +169,20 @@ def _kind(site: Site) -> str:
     return {"nan": "NaN", "inf": "Inf"}.get(site.made, "non-finite value")
 
 
-def _site_heading(label: str, site: Site) -> Text:
+def _site_heading(label: str, site: Site, width: int = 120) -> Text:
     bits = [f"[bold]{label}:[/] [cyan]{escape(site.op or '(no op: value arrived non-finite)')}[/]", f"phase {site.phase}"]
     if site.backward_node:
         bits.append(f"backward of [cyan]{escape(site.backward_node)}[/]")
     if site.module:
         bits.append(f"module [magenta]{escape(site.module)}[/]")
     if site.location:
-        bits.append(f"at {escape(str(site.location))} in {escape(site.location.function)}")
+        bits.append(f"at {escape(fit_location(site.location, width - 3))} in {escape(site.location.function)}")
     return Text.from_markup("  ".join(bits))
 
 
-def _source(location: Location | None, context: int) -> Text:
+def _source(location: Location | None, context: int) -> RenderableType:
+    """The culprit line marked, with `context` lines around it. A line too long for the
+    width wraps inside the code column, under the code, not back at the left edge."""
     if location is None:
         return Text("  (no source line: the op ran outside user code)", style="dim")
     filename = location.file
@@ -151,12 +194,16 @@ def _source(location: Location | None, context: int) -> Text:
         lines.append((n, text.rstrip("\n")))
     if not lines:
         lines = [(location.line, location.code)]
-    out = Text()
+    table = Table.grid(padding=(0, 1), pad_edge=False)
+    table.add_column(no_wrap=True)  # "  →"
+    table.add_column(justify="right", no_wrap=True)
+    table.add_column(no_wrap=True)  # "│"
+    table.add_column(overflow="fold")
     for n, text in lines:
-        mark = "→" if n == location.line else " "
+        mark = "  →" if n == location.line else "   "
         style = "bold" if n == location.line else "dim"
-        out.append(f"  {mark} {n:>4} │ {text}\n", style=style)
-    return out
+        table.add_row(mark, f"{n:>4}", "│", Text(text.expandtabs(4)), style=style)
+    return Group(table, Text(""))
 
 
 def _tensors(site: Site) -> Table:
@@ -182,24 +229,37 @@ def fact_rows(facts: SiteFacts) -> list[tuple[str, str]]:
     p = facts.parameter
     if p is not None:
         where = f"param_groups[{p.group}].params[{p.index}] " if p.group is not None else ""
-        rows.append(("parameter", p.name or f"{where}shape {p.shape}"))
+        rows.append(("parameter", p.name or f"{where}shape {_numbers(p.shape)}"))
     if facts.optimizer:
         rows.append(("optimizer", facts.optimizer))
     b = facts.batch
     if b is not None:
-        rows.append(("batch", f"{b.number}, {b.key}, rows {list(b.rows)}"
-                     + (f", dataset indices {list(b.dataset_indices)}" if b.dataset_indices else "")))
+        rows.append(("batch", f"{b.number}, {b.key}, rows {_numbers(b.rows)}"
+                     + (f", dataset indices {_numbers(b.dataset_indices)}" if b.dataset_indices else "")))
     if facts.inf_written_at is not None or facts.inf_written_by:
         rows.append(("Inf written at", str(facts.inf_written_at or facts.inf_written_by)))
-    if facts.ctc is not None:
-        rows.append(("CTC lengths", f"input {list(facts.ctc.input_lengths)}, target {list(facts.ctc.target_lengths)}"))
+    ctc = facts.ctc
+    if ctc is not None:
+        rows.append(("CTC lengths", f"input {_numbers(ctc.input_lengths)}, target {_numbers(ctc.target_lengths)}"))
     if facts.exponent is not None:
         rows.append(("exponent", f"{facts.exponent:g}"))
     if facts.loss is not None or facts.grad_norm is not None:
-        rows.append(("at the boundary", f"loss {facts.loss}, gradient norm {facts.grad_norm}"))
+        rows.append(("at the boundary", f"loss {_maybe(facts.loss)}, gradient norm {_maybe(facts.grad_norm)}"))
     if facts.op_facts_error:
         rows.append(("op facts unavailable", facts.op_facts_error))
     return rows
+
+
+def _numbers(values, shown: int = 8) -> str:
+    """`[12, 16, 14]`; a long list keeps its first `shown` values and says how many there are."""
+    values = list(values)
+    if len(values) <= shown:
+        return "[" + ", ".join(str(v) for v in values) + "]"
+    return "[" + ", ".join(str(v) for v in values[:shown]) + f", … ({len(values)} in all)]"
+
+
+def _maybe(value) -> str:
+    return "not seen" if value is None else _num(value)
 
 
 def _tensor_line(line: str, bad: int) -> Text:
@@ -212,25 +272,46 @@ def _tensor_line(line: str, bad: int) -> Text:
     return text
 
 
-def _lineage(lineage: list[Site]) -> Table:
-    table = Table(title="Lineage (root → where it stopped)", title_justify="left", show_edge=False, box=None, padding=(0, 1))
-    for column in ("#", "op", "phase", "line", "module", "output"):
-        table.add_column(column, style="dim" if column == "#" else None, overflow="fold")
+def _lineage(lineage: list[Site], width: int = 120) -> Table:
+    """One row per site, root first. A location is never broken: it is shortened from the
+    left instead (`…/losses.py:9`); the module column only when some site ran in one."""
     root_file = lineage[0].location.file if lineage and lineage[0].location else None
-    for i, site in enumerate(lineage, 1):
-        op = site.op + (f" ({site.backward_node})" if site.backward_node else "")
-        table.add_row(
-            str(i), escape(op or "-"), site.phase, escape(_short_location(site.location, root_file)),
-            escape(site.module or "-"), _tensor_line(_counts(site), 1),
-        )
+    ops = [(site.op + (f" ({site.backward_node})" if site.backward_node else "")) or "-" for site in lineage]
+    columns = {
+        "#": [str(i) for i in range(1, len(lineage) + 1)],
+        "op": [escape(op) for op in ops],
+        "phase": [site.phase for site in lineage],
+        "line": [],
+        "module": [escape(site.module or "-") for site in lineage],
+        "output": [_counts(site) for site in lineage],
+    }
+    if not any(site.module for site in lineage):
+        del columns["module"]
+    # The line column gets what the other columns leave (2 characters of padding each),
+    # and at least `…/file_name.py:123`: op names and modules fold before a file name breaks.
+    others = sum(min(max(len(name), *(len(v) for v in values)), 16 if name == "module" else 10**6)
+                 for name, values in columns.items() if name != "line") + 2 * len(columns)
+    names = [len(f"{s.location.file.rsplit('/', 1)[-1]}:{s.location.line}") + 2 for s in lineage
+             if s.location is not None and s.location.file != root_file]
+    line_width = min(max(width - others, 20, *names), 60)
+    columns["line"] = [escape(_short_location(s.location, root_file, line_width)) for s in lineage]
+
+    table = Table(title="Lineage (root → where it stopped)", title_justify="left", show_edge=False, box=None, padding=(0, 1))
+    for name in columns:
+        wrap = {"overflow": "fold"} if name in ("op", "module") else {"no_wrap": True}
+        table.add_column(name, style="dim" if name == "#" else None, **wrap)
+    for row in zip(*columns.values()):
+        cells = list(row)
+        cells[-1] = _tensor_line(cells[-1], 1)
+        table.add_row(*cells)
     return table
 
 
-def _short_location(location: Location | None, root_file: str | None) -> str:
-    """`21` in the root's file, `losses.py:9` elsewhere."""
+def _short_location(location: Location | None, root_file: str | None, width: int = 40) -> str:
+    """`21` in the root's file, `losses.py:9` elsewhere (shortened from the left to `width`)."""
     if location is None:
         return "-"
-    return str(location.line) if location.file == root_file else f"{location.file}:{location.line}"
+    return str(location.line) if location.file == root_file else fit_location(location, width)
 
 
 def _counts(site: Site) -> str:
@@ -282,33 +363,59 @@ def _num(v) -> str:
 
 
 # -- nandoctor check-data ---------------------------------------------------------------
-# One table grouped by file, then a summary line. A file name may hold a newline or bytes
-# that are not UTF-8: they are shown as escapes.
+# The problems grouped by file: each file's path on a line of its own, whole (never wrapped
+# or cut, so it can be copied, also 80 columns wide), its problems below it in columns that
+# line up across files, then a summary line. A file name may hold a newline or bytes that
+# are not UTF-8: they are shown as escapes.
+
+_KEY_WIDTH = 28  # a longer key (`['model']['encoder.layers.0.weight']`) wraps in its column
 
 
 def data_renderables(report: DataReport) -> list[RenderableType]:
-    table = [_table(report)] if report.problems else []
-    return [*table, summary_line(report)]
+    return [*_problem_blocks(report), summary_line(report)]
 
 
-def _table(report: DataReport) -> Table:
-    table = Table(show_edge=False, pad_edge=False, expand=False)
-    table.add_column("file", overflow="fold")
-    table.add_column("key", overflow="fold")
-    table.add_column("check", no_wrap=True)
-    table.add_column("count", justify="right", no_wrap=True)
-    table.add_column("detail", overflow="fold", ratio=1)
-    for group in report.by_file().values():
-        for i, problem in enumerate(group):
-            table.add_row(
-                _text(problem.file) if i == 0 else "",
-                _text(problem.key) if problem.key is not None else "",
-                _check(problem),
-                f"{problem.count:,}",
-                _text(problem.detail),
-                end_section=i == len(group) - 1,
-            )
+def _problem_blocks(report: DataReport) -> list[RenderableType]:
+    if not report.problems:
+        return []
+    has_key = any(p.key is not None for p in report.problems)
+    widths = {
+        "severity": max(len("severity"), *(len(p.severity) for p in report.problems)),
+        "check": max(len("check"), *(len(p.check) for p in report.problems)),
+        "key": min(_KEY_WIDTH, max(len("key"), *(len(printable(p.key or "")) for p in report.problems))),
+        "count": max(len("count"), *(len(f"{p.count:,}") for p in report.problems)),
+    }
+    blocks: list[RenderableType] = [Padding(_problem_table(widths, has_key, header=True), (0, 0, 0, 2))]
+    for name, group in report.by_file().items():
+        blocks.append(WholeLine(printable(name), style="bold"))
+        table = _problem_table(widths, has_key, header=False)
+        for problem in group:
+            cells = [_severity(problem), _check(problem)]
+            if has_key:
+                cells.append(_text(problem.key) if problem.key is not None else "")
+            cells += [f"{problem.count:,}", _text(problem.detail)]
+            table.add_row(*cells)
+        blocks.append(Padding(table, (0, 0, 0, 2)))
+    return blocks
+
+
+def _problem_table(widths: dict[str, int], has_key: bool, header: bool) -> Table:
+    """One file's rows (or, with `header`, the column names alone): the same fixed widths
+    for every file, so the columns line up; the detail takes the rest of the line."""
+    table = Table(box=None, show_header=header, show_edge=False, pad_edge=False, padding=(0, 1),
+                  expand=True, header_style="bold")
+    table.add_column("severity", width=widths["severity"], no_wrap=True)
+    table.add_column("check", width=widths["check"], no_wrap=True)
+    if has_key:
+        table.add_column("key", width=widths["key"], overflow="fold")
+    table.add_column("count", width=widths["count"], justify="right", no_wrap=True)
+    table.add_column("detail", ratio=1, overflow="fold")
     return table
+
+
+def _severity(problem: Problem) -> str:
+    style = "bold red" if problem.is_error else "yellow"
+    return f"[{style}]{escape(problem.severity)}[/]"
 
 
 def _check(problem: Problem) -> str:
@@ -328,21 +435,18 @@ def printable(value: str) -> str:
 
 
 def summary_line(report: DataReport) -> str:
-    files = _plural(report.files_scanned, "file")
+    files = plural(report.files_scanned, "file")
     text = f"{files} checked"
     if report.problems:
         n_files = len(report.files_with_problems())
-        counts = [_plural(len(report.errors), "error"), _plural(len(report.warnings), "warning")]
-        text += (f", {_plural(len(report.problems), 'problem')} in {_plural(n_files, 'file')}"
+        counts = [plural(len(report.errors), "error"), plural(len(report.warnings), "warning")]
+        text += (f", {plural(len(report.problems), 'problem')} in {plural(n_files, 'file')}"
                  f" ({', '.join(counts)})")
         style = "bold red" if report.errors else "yellow"
     else:
         text += ", no problems"
         style = "green"
     if report.files_skipped:
-        text += f"; {_plural(report.files_skipped, 'file')} skipped (not a data format nandoctor reads)"
+        text += f"; {plural(report.files_skipped, 'file')} skipped (not a data format nandoctor reads)"
     return f"[{style}]{escape(text)}[/]"
 
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"

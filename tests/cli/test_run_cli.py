@@ -99,14 +99,16 @@ def test_a_script_that_raises_exits_1_with_status_script_error(tmp_path, script)
     "args, message",
     [
         (["run", "missing.py"], "can't open file 'missing.py'"),
-        (["run", "--bogus", "train.py"], "no such option: --bogus"),
+        (["run", "--bogus", "train.py"], "No such option: --bogus (see 'nandoctor run --help')"),
+        (["check-data", "--bogus", "x"], "No such option: --bogus (see 'nandoctor check-data --help')"),
+        (["run", "--mode"], "Option '--mode' requires an argument. (see 'nandoctor run --help')"),
         (["run", "--mode", "fast", "train.py"], "unknown mode 'fast'"),
         (["run", "--config", "missing.yaml", "train.py"], "cannot read config missing.yaml"),
         (["run", "--config", "broken.yaml", "train.py"], "not valid YAML"),
         (["run", "--config", "wrong_key.yaml", "train.py"], "unknown setting 'run.colour'"),
         (["run", "--json", "no/such/dir/r.json", "train.py"], "does not exist"),
         (["run", "notes.py"], "not a Python script"),
-        (["run"], "missing SCRIPT"),
+        (["run"], "Missing argument 'SCRIPT' (or -m MODULE) (see 'nandoctor run --help')"),
         (["frobnicate"], "No such command"),
     ],
 )
@@ -144,3 +146,80 @@ def test_python_dash_m_nandoctor_and_the_console_script_are_the_same(tmp_path, s
         pytest.skip("console script not installed in this environment")
     proc = subprocess.run([exe, "run", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3
+
+
+SYNTAX_ERROR = "import torch\nx = 1\nprint(foo(\n"
+
+
+def test_a_syntax_error_is_the_scripts_error_as_under_python(tmp_path, script):
+    script("train.py", SYNTAX_ERROR)
+    plain = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = run_nandoctor(["run", "--junit", str(tmp_path / "r.xml"), "train.py"], tmp_path)
+
+    assert plain.returncode == 1 and result.code == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith(plain.stderr)  # python's own message: file, line, caret
+    assert 'train.py", line 3' in result.stderr and "^" in result.stderr
+    assert "SyntaxError: '(' was never closed" in result.stderr
+    assert "Traceback" not in result.stderr and "nandoctor/" not in result.stderr
+    assert result.report["status"] == "script_error" and result.report["exit_code"] == 1
+    assert result.report["error"]["type"] == "SyntaxError"
+    assert 'errors="1"' in (tmp_path / "r.xml").read_text()
+
+
+def test_a_module_that_does_not_compile_is_the_scripts_error_as_under_python_dash_m(tmp_path, script):
+    script("pkg/__init__.py", "")
+    script("pkg/__main__.py", "x = (\n")
+    plain = subprocess.run([sys.executable, "-m", "pkg"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = run_nandoctor(["run", "-m", "pkg"], tmp_path)
+
+    assert plain.returncode == 1 and result.code == 1
+    assert plain.stderr.endswith(result.stderr.split("nandoctor:")[0])  # python's message, without runpy's frames
+    assert "SyntaxError: '(' was never closed" in result.stderr and "nandoctor/" not in result.stderr
+    assert result.report["status"] == "script_error"
+
+
+def test_a_missing_script_stays_a_usage_error_without_a_report(tmp_path):
+    result = run_nandoctor(["run", "missing.py"], tmp_path)
+    assert result.code == 2 and result.report is None
+
+
+def test_the_run_is_timed_for_junit_and_json(tmp_path, script):
+    script("train.py", "import time\ntime.sleep(1.0)\n")
+    result = run_nandoctor(["run", "--junit", str(tmp_path / "r.xml"), "train.py"], tmp_path)
+
+    assert result.code == 0
+    assert result.report["duration_s"] >= 1.0
+    import xml.etree.ElementTree as ET
+    suite = ET.parse(tmp_path / "r.xml").getroot()
+    assert float(suite.get("time")) >= 1.0 and float(suite.find("testcase").get("time")) >= 1.0
+
+
+def test_help_gives_every_option_a_human_metavar_and_a_usage_line_with_the_scripts_args(tmp_path):
+    result = run_nandoctor(["run", "--help"], tmp_path, json_name=None, env={"COLUMNS": "80"})
+    assert result.code == 0
+    assert result.stdout.splitlines()[0] == "Usage: nandoctor run [OPTIONS] SCRIPT [ARGS]..."
+    assert "<" not in result.stdout  # no typer type names: <str>, <path>, <int range>
+    for option in ("-m, --module MODULE", "--json PATH", "--config PATH|PRESET", "--mode trace|watch",
+                   "--max-steps N", "--junit PATH"):
+        assert option in result.stdout
+
+
+def test_version_names_nandoctor_and_torch_without_importing_torch(tmp_path):
+    from importlib import metadata
+
+    code = ("import sys\nfrom nandoctor.cli import main\ntry:\n    main(['--version'])\n"
+            "except SystemExit as e:\n    print('torch' in sys.modules, e.code)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    version, imported = proc.stdout.splitlines()
+    assert version == f"nandoctor {metadata.version('nandoctor')} (torch {metadata.version('torch')})"
+    assert imported == "False 0"
+
+
+def test_at_80_columns_the_headline_keeps_the_scripts_line(tmp_path, script):
+    script("experiments/2024-05-01-gaussian-sweep/run-12-lr3e-4/deep/train_gaussian.py", NAN_SCRIPT)
+    path = "experiments/2024-05-01-gaussian-sweep/run-12-lr3e-4/deep/train_gaussian.py"
+    result = run_nandoctor(["run", path], tmp_path, env={"COLUMNS": "80"})
+    assert result.code == 3
+    top = next(line for line in result.stderr.splitlines() if line.startswith("╭─ nandoctor:"))
+    assert len(top) <= 80 and "at …/" in top and "/deep/train_gaussian.py:6 " in top

@@ -12,7 +12,7 @@ from nandoctor.report.github import (
     escape_property,
     outputs,
 )
-from nandoctor.report.model import Cause, Location, Site, RunReport
+from nandoctor.report.model import Cause, Discarded, Location, RunReport, Site
 from nandoctor.report.render import publish
 from nandoctor.stats import TensorSummary
 
@@ -116,6 +116,17 @@ def test_clean_run_summary_is_one_line_with_the_steps():
     md = StepSummary().render_run(report)
 
     assert md == "✅ **nandoctor**: `train.py` ran clean — no NaN/Inf, 20 optimizer steps (stopped at max_steps).\n"
+
+
+def test_one_step_is_singular_and_a_clean_summary_says_what_was_discarded():
+    report = nonfinite_report()
+    report.step = 1
+    assert "— after 1 optimizer step." in StepSummary().render_run(report)
+    clean = RunReport(status="clean", exit_code=0, script="train.py", step=1, discarded=[
+        Discarded("aten.div.Tensor", Location("train.py", 9, "<module>", "r = a / b"), "nan", 3)])
+    assert StepSummary().render_run(clean) == (
+        "✅ **nandoctor**: `train.py` ran clean — NaN made 3 times and discarded before reaching the loss, a "
+        "gradient or a parameter, at train.py:9 (aten.div.Tensor), 1 optimizer step.\n")
 
 
 def test_script_error_summary_names_the_exception():

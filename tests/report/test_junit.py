@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 from nandoctor.datacheck.model import DataReport, Problem
 from nandoctor.report.junit import JUnit
-from nandoctor.report.model import Cause, Location, Site, RunReport
+from nandoctor.report.model import Cause, Discarded, Location, RunReport, Site
 from nandoctor.stats import TensorSummary
 
 
@@ -56,6 +56,7 @@ def test_nonfinite_run_is_one_failing_test_case_with_the_cause_and_the_root():
     assert "y = torch.log(x)" in text
     assert "input  self float32[4]" in text and "neg=1" in text
     assert "Stopped at: aten.mul.Tensor [forward] at train.py:14 (the loss is non-finite)" in text
+    assert "Stopped after 7 optimizer steps." in text
     lineage = text[text.index("Lineage"):]
     assert lineage.index("aten.log.default") < lineage.index("aten.mul.Tensor")
 
@@ -66,6 +67,25 @@ def test_clean_run_is_a_passing_test_case():
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("1", "0", "0")
     (case,) = suite.findall("testcase")
     assert list(case) == []
+
+
+def test_a_run_is_timed_by_its_own_duration_unless_a_time_is_given():
+    report = RunReport(status="clean", exit_code=0, script="train.py", step=20, duration_s=3.2149)
+    suite = parse(JUnit().render_run(report))
+    assert suite.get("time") == "3.215" and suite.find("testcase").get("time") == "3.215"
+    assert parse(JUnit(time=1.0).render_run(report)).get("time") == "1.000"
+    untimed = RunReport(status="clean", exit_code=0, script="train.py")
+    assert parse(JUnit().render_run(untimed)).get("time") == "0.000"
+
+
+def test_a_clean_run_that_discarded_values_passes_and_says_what_was_made():
+    report = RunReport(status="clean", exit_code=0, script="train.py", step=3, discarded=[
+        Discarded("aten.log.default", Location("train.py", 4, "<module>", "h = torch.log(p)"), "inf", 2)])
+    suite = parse(JUnit().render_run(report))
+    assert (suite.get("failures"), suite.get("errors")) == ("0", "0")
+    assert suite.find("testcase/system-out").text == (
+        "clean: Inf made twice and discarded before reaching the loss, a gradient or a parameter, "
+        "at train.py:4 (aten.log.default).")
 
 
 def test_script_error_is_an_error_not_a_failure():

@@ -97,13 +97,41 @@ def test_a_clean_run_is_one_line():
     )
 
 
-def test_a_clean_run_that_discarded_values_says_so_with_its_notes():
+def test_a_clean_run_that_discarded_values_says_what_was_made_and_where():
     discarded = [Discarded("aten.log.default", Location("train.py", 27, "<module>", "h = p * torch.log(p)"), "inf", 12)]
     report = build_report("train.py", exit_code=0, step=12, discarded=discarded)
-    text = rendered(report)
-    assert "nandoctor: clean — no NaN or Inf that mattered in train.py over 12 optimizer steps" in text
-    assert "note: 12 non-finite values were made and discarded" in text
-    assert "aten.log.default at train.py:27 (Inf ×12)" in text
+    text = " ".join(rendered(report).split())
+    assert "no NaN or Inf" not in text
+    assert text == (
+        "nandoctor: clean — train.py ran 12 optimizer steps and exited 0. Inf made 12 times and discarded before "
+        "reaching the loss, a gradient or a parameter, at train.py:27 (aten.log.default)."
+    )
+
+
+def test_a_clean_run_names_three_places_then_counts_the_rest_in_a_note():
+    def site(line, count, made="inf", allowed=False):
+        return Discarded("aten.div.Tensor", Location("m.py", line, "f", "x / y"), made, count, allowed)
+
+    discarded = [site(1, 5, "nan"), site(2, 4), site(3, 3), site(4, 2), site(5, 1), site(9, 1, allowed=True)]
+    text = " ".join(rendered(build_report("t.py", exit_code=0, step=1, discarded=discarded)).split())
+    assert "t.py ran 1 optimizer step and exited 0." in text
+    assert ("NaN and Inf made 15 times and discarded before reaching the loss, a gradient or a parameter, "
+            "at m.py:1 (aten.div.Tensor, 5 times), at m.py:2 (aten.div.Tensor, 4 times), "
+            "at m.py:3 (aten.div.Tensor, 3 times) and 2 more places; "
+            "Inf made once on lines you allowed, at m.py:9 (aten.div.Tensor).") in text
+    assert ("note: non-finite values were also made and discarded: aten.div.Tensor at m.py:4 (Inf, twice); "
+            "aten.div.Tensor at m.py:5 (Inf, once).") in text
+
+
+def test_one_optimizer_step_is_singular_everywhere_in_the_terminal_report(tmp_path):
+    report = nonfinite_report(tmp_path)
+    report.step = 1
+    text = rendered(report, no_color=True)
+    assert "after 1 optimizer step " in text and "1 optimizer steps" not in text
+    clean = rendered(RunReport(status="clean", exit_code=0, script="t.py", step=1))
+    assert "over 1 optimizer step;" in clean
+    crashed = rendered(RunReport(status="script_error", exit_code=1, script="t.py", step=1, error={"type": "E"}))
+    assert "(after 1 optimizer step)." in crashed
 
 
 def test_a_script_error_says_nothing_was_found_before_it():
@@ -158,3 +186,77 @@ def test_errors_are_red_and_warnings_yellow_on_a_terminal():
     text = Terminal(console).render_data(report_with(
         Problem("a.npy", None, "nan", 1, ""), Problem("b.npy", None, "constant", 1, "", severity="warning")))
     assert "\x1b[1;31mnan" in text and "\x1b[33mconstant" in text
+
+
+# -- 80 columns (CI logs, pipes) --------------------------------------------------------
+
+
+def rendered_at(report: RunReport, width: int = 80) -> str:
+    return Terminal(Console(file=io.StringIO(), width=width, color_system=None), context_lines=1).render_run(report)
+
+
+def deep_report(tmp_path) -> RunReport:
+    folder = tmp_path / "experiments" / "2024-05-01-gaussian-sweep" / "run-12-lr3e-4" / "deep"
+    folder.mkdir(parents=True)
+    source = folder / "train_gaussian_variance.py"
+    code = "nll = 0.5 * torch.log(var) + (residuals ** 2).mean() / (2 * var) + weight_decay * parameter_norm_sq"
+    source.write_text(f"for step in range(20):\n    {code}\n    nll.backward()\n")
+    location = Location(str(source), 2, "<module>", code)
+    elsewhere = Location(str(tmp_path / "models" / "heads" / "gaussian_likelihood_head.py"), 41, "forward", "y = a * b")
+    root = Site("aten.log.default", "forward", location, output=summary("output", nan=1))
+    event = Site("aten.mul.Tensor", "forward", elsewhere, output=summary("output", nan=1))
+    return RunReport(status="nonfinite", exit_code=3, script=str(source), step=25, event=event, root=root,
+                     lineage=[root, event], reason="NaN")
+
+
+def test_at_80_columns_the_headline_keeps_its_line_shortening_the_path_from_the_left(tmp_path):
+    text = rendered_at(deep_report(tmp_path))
+    top = text.splitlines()[0]
+    assert len(top) <= 80
+    assert top.startswith("╭─ nandoctor: NaN in forward at …/")
+    assert "/deep/train_gaussian_variance.py:2 " in top  # the file name whole, the line number kept
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_at_80_columns_a_long_code_line_wraps_under_the_code_not_at_the_left_edge(tmp_path):
+    lines = rendered_at(deep_report(tmp_path)).splitlines()
+    marked = next(i for i, line in enumerate(lines) if "→" in line)
+    gutter = lines[marked].index("2 │") + len("2 │")
+    assert "nll = 0.5 * torch.log(var)" in lines[marked]
+    continuation = lines[marked + 1]
+    # The rest of the line continues in the code column, after blanks only.
+    assert continuation[1:gutter].strip() == ""
+    assert "weight_decay * parameter_norm_sq" in continuation
+
+
+def test_at_80_columns_a_lineage_location_in_another_file_is_never_broken(tmp_path):
+    text = rendered_at(deep_report(tmp_path))
+    assert "gaussian_likelihood_head.py:41" in text  # shortened from the left, if at all, never broken
+
+
+def test_a_narrow_console_still_shows_the_line_number(tmp_path):
+    top = rendered_at(deep_report(tmp_path), width=40).splitlines()[0]
+    assert len(top) <= 40 and "…" in top
+    assert ":2 " in top or top.rstrip("─╮").endswith(":2")
+
+
+def test_at_80_columns_check_data_keeps_every_path_whole_and_says_error_or_warning():
+    deep = "experiments/2024-05-01/run-12/data/train/shards/dangling_labels_v2_for_the_big_sweep.npy"
+    report = report_with(
+        Problem(deep, "['labels']", "label_range", 1234, "1,234 labels outside [0, 10) (values span -1..12)"),
+        Problem(deep, None, "nan", 3, "3 NaN of 100 values (3%)"),
+        Problem("masks/dangling.npy", None, "constant", 1, "all 4 values are 0", severity="warning"),
+    )
+    text = Terminal(Console(file=io.StringIO(), width=80, color_system=None)).render_data(report)
+    lines = text.splitlines()
+    assert deep in lines and "masks/dangling.npy" in lines  # each path whole, on a line of its own
+    header = lines[0].split()
+    assert header == ["severity", "check", "key", "count", "detail"]
+    rows = {line.split()[1]: line.split()[0] for line in lines if line.startswith("  ") and line.split()}
+    assert rows["label_range"] == "error" and rows["nan"] == "error" and rows["constant"] == "warning"
+    assert all(len(line) <= 80 for line in lines if line not in (deep,))
+
+
+def test_without_keys_the_check_data_table_has_no_key_column():
+    text = rendered_data(report_with(Problem("a.npy", None, "nan", 2, "2 NaN")))
+    assert text.splitlines()[0].split() == ["severity", "check", "count", "detail"]

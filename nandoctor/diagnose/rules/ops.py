@@ -253,12 +253,8 @@ def ctc_infeasible(ev: Evidence) -> Cause | None:
         return None
     impossible = ctc.impossible if ctc is not None else ()
     if impossible:
-        items = ", ".join(
-            f"item {i.item} ({i.input_length} frames for {i.target_length} labels"
-            + (f" + {i.repeats} repeats" if i.repeats else "") + ")"
-            for i in impossible[:5]
-        )
-        detail = f"{len(impossible)} batch item(s) cannot be aligned: {items}."
+        items = "batch item" if len(impossible) == 1 else "batch items"
+        detail = f"{len(impossible)} {items} cannot be aligned: {words.ctc_items(impossible)}."
     else:
         detail = "some batch items have targets longer than their inputs allow."
     return Cause(
