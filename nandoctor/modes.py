@@ -14,7 +14,7 @@ in `MODES` (or, like `ReplayMode`, choosing it in `select`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from nandoctor import replay
 from nandoctor.config import Config
@@ -25,6 +25,7 @@ from nandoctor.detect.provenance import SourceLocator
 from nandoctor.detect.result import Detection, Site, SiteFacts, WatchFinding
 from nandoctor.detect.watch import StepWatcher
 from nandoctor.diagnose import replay as replay_words
+from nandoctor.distributed import REPLAY_TIMEOUT_S
 from nandoctor.errors import ExitCode
 from nandoctor.report.model import RunReport
 
@@ -37,6 +38,9 @@ class RunRequest:
     config: Config
     config_path: str | None = None
     replay_rng: replay.RngState | None = None  # set in a replay: the RNG state to start from
+    # Under torch.distributed: the replay's environment (a fresh rendezvous), or None when the
+    # ranks could not agree on one (see distributed.py).
+    distributed_replay: Callable[[], dict | None] | None = None
 
 
 class RunMode:
@@ -111,8 +115,14 @@ def select(request: RunRequest) -> RunMode:
 def _localise(request: RunRequest, rng, first: RunReport, what: str, step: int,
               weights_clean: bool | None) -> tuple[RunReport | None, replay.ReplayOutcome]:
     """Replay up to the failing step: (the replay's report if it reproduced, the outcome)."""
+    environ, timeout_s = None, None
+    if request.distributed_replay is not None:
+        environ, timeout_s = request.distributed_replay(), REPLAY_TIMEOUT_S
+        if environ is None:
+            return None, replay.ReplayOutcome(None, "the ranks could not agree on a rendezvous for the replay")
     note_line(replay_words.started(first.mode, what, step, weights_clean))
-    outcome = replay.replay(request.target, request.args, request.as_module, request.config_path, rng, step + 1)
+    outcome = replay.replay(request.target, request.args, request.as_module, request.config_path, rng, step + 1,
+                            environ=environ, timeout_s=timeout_s)
     return _reproduced(outcome, first, what, step, weights_clean), outcome
 
 

@@ -130,8 +130,9 @@ class ReplayOutcome:
 
 
 def replay(target: str, args: list[str], as_module: bool, config_path: str | None, rng: RngState,
-           steps: int) -> ReplayOutcome:
-    """Run the script again under trace, seeded with `rng`, for at most `steps` optimizer steps."""
+           steps: int, environ: dict[str, str] | None = None, timeout_s: float | None = None) -> ReplayOutcome:
+    """Run the script again under trace, seeded with `rng`, for at most `steps` optimizer
+    steps; in `environ` (a distributed rank's fresh rendezvous) and within `timeout_s`."""
     with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as tmp:
         state_file, report_file = Path(tmp) / "state.json", Path(tmp) / "replay.json"
         save_state(rng, state_file)
@@ -140,9 +141,13 @@ def replay(target: str, args: list[str], as_module: bool, config_path: str | Non
         if config_path:
             command += ["--config", str(config_path)]
         command += (["-m", target] if as_module else [target]) + list(args)
-        env = dict(os.environ, **{REPLAY_ENV: "1", STATE_ENV: str(state_file)})
-        proc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True, env=env)
+        env = dict(environ if environ is not None else os.environ, **{REPLAY_ENV: "1", STATE_ENV: str(state_file)})
+        try:
+            proc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            return ReplayOutcome(_read(report_file), f"the replay did not finish within {timeout_s:g} s\n"
+                                 + (exc.stderr or "" if isinstance(exc.stderr, str) else ""))
         replayed = _read(report_file)
     if proc.returncode == ExitCode.INTERRUPTED:
         raise KeyboardInterrupt

@@ -11,6 +11,9 @@ coverage.py's `execfile.py`:
   workers) re-imports the main module from these.
 - `SystemExit` codes pass through; any other exception prints the user's traceback with
   nandoctor's frames removed and gives exit status 1.
+- A script (or `-m` module) that does not compile is the user's error, as under python:
+  python's own SyntaxError message (file, line, caret) on stderr and exit status 1, and a
+  report, since the run did start; a script that is not there is a usage error (exit 2).
 - With `-m`, "your module wasn't found" is a usage error (exit 2), but an exception from
   importing the module's package (`import not_installed_dep` in `pkg/__init__.py`) is the
   user's, as under `python -m`: its traceback and exit status 1 (runpy tells the two
@@ -26,6 +29,7 @@ import os
 import sys
 import traceback
 import types
+from typing import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +83,10 @@ class ScriptRunner:
         except OSError as exc:
             raise UsageError(f"can't read '{self.target}': {exc.strerror}") from None
         abs_file = os.path.abspath(path)
-        self.code = self._compile(source, abs_file)
+        try:
+            self.code = self._compile(source, abs_file)
+        except SyntaxError as exc:  # the user's error: run() ends with it, as python would
+            self.failure = _without_traceback(exc)
         self.main_module = self._new_main(abs_file, spec=None, loader=_script_loader(abs_file))
         self._argv0 = self.target
         # CPython puts the script's real directory first (a symlinked script imports from
@@ -99,6 +106,9 @@ class ScriptRunner:
             # traceback and exits 1, so the failure is the script's, reported by run().
             self._defer_failure(failed.error)
             return
+        except SyntaxError as exc:  # the module's own code does not compile
+            self._defer_failure(_without_traceback(exc))
+            return
         finally:
             sys.path.pop(0)
         if code is None:
@@ -117,15 +127,13 @@ class ScriptRunner:
         self._path0 = os.getcwd()
 
     def _compile(self, source: bytes, filename: str) -> types.CodeType:
+        """The script's code object. A SyntaxError propagates (it is the user's, reported
+        when the script runs); a file that is not Python text at all is a usage error."""
         if b"\x00" in source[:4096]:
             raise UsageError(f"'{self.target}' is not a Python script (it looks like a binary file)")
         try:
             return compile(source, filename, "exec", dont_inherit=True)
-        except SyntaxError as exc:
-            raise UsageError(
-                f"'{self.target}' is not valid Python: {exc.msg} (line {exc.lineno})"
-            ) from None
-        except ValueError as exc:  # e.g. a bad coding declaration
+        except ValueError as exc:  # e.g. a null byte past the part looked at
             raise UsageError(f"'{self.target}' is not a Python script: {exc}") from None
 
     @staticmethod
@@ -140,9 +148,12 @@ class ScriptRunner:
 
     # -- running -----------------------------------------------------------------------
 
-    def run(self, passthrough: tuple[type[BaseException], ...] = ()) -> ScriptOutcome:
+    def run(self, passthrough: tuple[type[BaseException], ...] = (),
+            explained: Callable[[BaseException], bool] = lambda exc: False) -> ScriptOutcome:
         """Execute the prepared code. Exceptions of the `passthrough` types propagate
-        (the detector's stop signal); everything else ends as python would end it."""
+        (the detector's stop signal); everything else ends as python would end it, except
+        that an `explained` one prints no traceback (a collective that failed because
+        another rank stopped: that rank's report says why)."""
         assert self.main_module is not None, "call prepare() first"
         saved = _InterpreterState.capture()
         sys.argv = [self._argv0, *self.args]
@@ -160,7 +171,8 @@ class ScriptRunner:
             print_user_traceback(exc)
             return ScriptOutcome(ExitCode.INTERRUPTED, exc)
         except BaseException as exc:  # noqa: BLE001 - the user's exception, reported as python would
-            print_user_traceback(exc)
+            if not explained(exc):
+                print_user_traceback(exc)
             return ScriptOutcome(ExitCode.SCRIPT_ERROR, exc)
         finally:
             saved.restore()
@@ -201,6 +213,15 @@ def _find_spec(name: str, package: str | None = None):
             raise UsageError(f"no module named '{name}'; '{package}' is a package and cannot be run directly")
         raise UsageError(f"no module named '{name}'")
     return spec
+
+
+def _without_traceback(exc: SyntaxError) -> SyntaxError:
+    """A SyntaxError as python prints it for a script: file, line, caret and message, with
+    no traceback of the machinery that compiled it (runpy's, importlib's, ours)."""
+    exc.__traceback__ = None
+    exc.__context__ = None
+    exc.__suppress_context__ = True
+    return exc
 
 
 def _names_package_of(exc: ImportError, package: str) -> bool:

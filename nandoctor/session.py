@@ -10,9 +10,12 @@ from __future__ import annotations
 import sys
 
 from nandoctor import modes, replay
-from nandoctor.detect.observer import NonFiniteFound, Observer, StepLimitReached
+from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, StepLimitReached
+from nandoctor.detect.result import Detection, WatchFinding
+from nandoctor.distributed import RankReport, RankRun
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.diagnose import build_report
+from nandoctor.diagnose import ranks as rank_words
 from nandoctor.errors import ExitCode
 from nandoctor.modes import RunRequest
 from nandoctor.report.model import RunReport
@@ -38,29 +41,77 @@ def run(request: RunRequest, runner: ScriptRunner) -> RunReport:
     rng = replay.RngState.capture()
     locator = SourceLocator(main_file=runner.main_module.__file__, main_display=runner.display_path)
     observer = mode.observer(request, locator)
-    report = _run_under(observer, runner, mode.name)
-    return mode.conclude(request, report, observer.finding(), rng)
+    ranks = RankRun.from_env() if request.replay_rng is None else None  # a replay runs on its own
+    report = _run_under(observer, runner, mode.name, ranks)
+    if ranks is None:
+        return mode.conclude(request, report, observer.finding(), rng)
+    request.distributed_replay = ranks.replay_environment
+    final = mode.conclude(request, report, observer.finding(), rng)
+    if final is not report:  # the replay's report: this rank's place in the run stays
+        final.distributed = report.distributed
+        final.notes += [n for n in report.notes if n not in final.notes]
+    return final
 
 
-def _run_under(observer: Observer, runner: ScriptRunner, mode: str) -> RunReport:
+def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankRun | None = None) -> RunReport:
     stopped_by = None
     outcome: ScriptOutcome | None
+    if ranks is not None:
+        ranks.listen(observer.peer_claimed, lambda: observer.state.step_or_none)
     try:
         with observer:
-            outcome = runner.run(passthrough=(NonFiniteFound, StepLimitReached))
+            outcome = runner.run(passthrough=(NonFiniteFound, StepLimitReached, PeerStopped),
+                                 explained=lambda exc: ranks is not None and ranks.peer_stopped())
             observer.finish()
     except NonFiniteFound:
         outcome = ScriptOutcome(int(ExitCode.FOUND))
     except StepLimitReached:
         outcome, stopped_by = ScriptOutcome(0), "max_steps"
+    except PeerStopped:
+        outcome = ScriptOutcome(int(ExitCode.FOUND))
     finally:
         _flush_user_streams()
-    return build_report(
+    distributed = _settle(ranks, observer, outcome) if ranks is not None else None
+    if distributed is not None and distributed.stopped_by_peer:
+        # Stopped by (or errored because of) the culprit: its report tells the finding.
+        outcome, stopped_by = ScriptOutcome(int(ExitCode.FOUND)), f"rank {distributed.culprit_rank}"
+    report = build_report(
         runner.display_path, exit_code=outcome.exit_code, mode=mode, detection=observer.detection,
         error=outcome.exception, step=observer.state.step_or_none, history=observer.history(),
         stopped_by=stopped_by, discarded=observer.discarded(),
         amp=observer.amp.facts() if observer.amp.scaler_steps else None,
     )
+    if distributed is not None:
+        report.distributed = distributed
+        report.notes += rank_words.notes(distributed)
+        if distributed.stopped_by_peer:
+            report.status, report.error = "nonfinite", None
+            report.reason = rank_words.stopped_reason(distributed)
+    return report
+
+
+def _settle(ranks: RankRun, observer: Observer, outcome: ScriptOutcome) -> RankReport:
+    """Agree with the other ranks on the culprit (see distributed.py)."""
+    found = observer.finding()
+    stopped = found is not None or outcome.exit_code != 0 or observer.peer_claim is not None
+    return ranks.settle(own_nonfinite=_own_values(found), found=found is not None, stopped=stopped,
+                        step=observer.state.step_or_none)
+
+
+def _own_values(found) -> bool:
+    """Did this rank's own values go non-finite (not gradients averaged from the others)?"""
+    if isinstance(found, WatchFinding):
+        return found.what == "loss"  # a gradient is seen only after the all-reduce
+    if isinstance(found, Detection):
+        root = found.root
+        if root.op.startswith(_COLLECTIVES):
+            return False
+        arrived = not root.op and root.facts.untracked_input and root.facts.batch is None and not root.facts.entered
+        return not arrived
+    return False
+
+
+_COLLECTIVES = ("c10d.", "_c10d_functional.", "c10d_functional.")
 
 
 def _flush_user_streams() -> None:

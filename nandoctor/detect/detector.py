@@ -30,7 +30,7 @@ from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
-from nandoctor.detect.observer import NonFiniteFound, Observer, StepLimitReached
+from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, StepLimitReached
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
@@ -297,7 +297,7 @@ class Detector(Observer):
         self.deferred.suspects.clear()
         try:
             super().after_optimizer_step(optimizer)
-        except StepLimitReached:
+        except (StepLimitReached, PeerStopped):
             self.passive = True
             raise
 

@@ -92,6 +92,7 @@ class TrainingHooks:
         self._undo.append(lambda: setattr(owner, name, original))
 
     def _before_step(self, optimizer, args, kwargs):
+        self.observer.check_peers()
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if not callable(closure):
             self.observer.before_optimizer_step(optimizer)
@@ -210,6 +211,7 @@ class TrainingHooks:
         def backward(tensors, *args, **kwargs):
             if compiling():  # a compiled training step: Dynamo traces backward itself
                 return original(tensors, *args, **kwargs)
+            observer.check_peers()
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
             if in_transform():  # the values under functorch's wrappers are what is checked
                 observer.transform_seen("backward")

@@ -22,6 +22,11 @@ class NonFiniteFound(BaseException):
     script's `except Exception` cannot swallow it)."""
 
 
+class PeerStopped(BaseException):
+    """Raised into the script when another rank of a distributed run found a non-finite
+    value: this rank stops at its next step boundary instead of training on."""
+
+
 class StepLimitReached(BaseException):
     """Raised into the script after `max_steps` optimizer steps (a clean, deliberate stop)."""
 
@@ -42,6 +47,7 @@ class Observer:
         self.state = TrainingState(int(run_settings.get("history", 64)))
         self.max_steps = int(run_settings.get("max_steps", 0) or 0)
         self.amp = ScalerTracker()
+        self.peer_claim = None  # set (from the peers' thread) when another rank claimed the run
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -53,6 +59,15 @@ class Observer:
 
     def finish(self) -> None:
         """The script ended without a stop: check whatever is still pending."""
+
+    def peer_claimed(self, claim) -> None:
+        """Another rank found a non-finite value (called from a background thread)."""
+        self.peer_claim = claim
+
+    def check_peers(self) -> None:
+        """At a step boundary: stop here if another rank has found a non-finite value."""
+        if self.peer_claim is not None:
+            raise PeerStopped(f"rank {self.peer_claim.rank} found a non-finite value")
 
     # -- the boundaries (called by TrainingHooks) ------------------------------------------
 
@@ -94,6 +109,7 @@ class Observer:
     def after_optimizer_step(self, optimizer) -> None:
         """optimizer.step() returned: one more step completed."""
         self.state.step_finished()
+        self.check_peers()
         if self.max_steps and self.state.step >= self.max_steps:
             raise StepLimitReached()
 

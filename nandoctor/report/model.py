@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nandoctor.distributed import RankReport
 from nandoctor.detect.result import Discarded, History, Location, Site, SiteFacts
 
 SCHEMA = "nandoctor.run/1"
@@ -53,6 +54,10 @@ class RunReport:
     stopped_by: str | None = None  # e.g. "max_steps"
     # Non-finite values that were made and never mattered, by where they were born.
     discarded: list[Discarded] = field(default_factory=list)
+    # Wall-clock seconds of the whole `nandoctor run` (a replay included); None when not timed.
+    duration_s: float | None = None
+    # Under torch.distributed: this rank, the culprit rank, the ranks that were non-finite.
+    distributed: RankReport | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunReport":
@@ -69,6 +74,7 @@ class RunReport:
             notes=list(data.get("notes") or []), reproduced=data.get("reproduced"),
             weights_clean=data.get("weights_clean"), stopped_by=data.get("stopped_by"),
             discarded=[Discarded.from_dict(d) for d in data.get("discarded") or []],
+            duration_s=data.get("duration_s"), distributed=RankReport.from_dict(data.get("distributed")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +96,8 @@ class RunReport:
             "weights_clean": self.weights_clean,
             "stopped_by": self.stopped_by,
             "discarded": [d.to_dict() for d in self.discarded],
+            "duration_s": self.duration_s,
+            **({"distributed": self.distributed.to_dict()} if self.distributed is not None else {}),
         }
 
     def _site_dict(self, site: Site | None) -> dict[str, Any] | None:

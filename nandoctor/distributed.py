@@ -1,0 +1,365 @@
+"""Multi-process training (torchrun, DDP): every rank is watched, the culprit rank is named,
+the other ranks stop cleanly, and nothing waits forever.
+
+Each rank runs its own `nandoctor run` (torchrun starts N of them). They talk through the
+key-value store torch.distributed already has: torchrun's agent store, or the TCPStore
+rank 0 hosts for an `env://` launch (MASTER_ADDR:MASTER_PORT). nandoctor adds nothing per
+step: no collective, no store request, no host sync. Only when a rank stops:
+
+- a rank whose *own* values went non-finite (its loss, its data, an op it ran; not
+  gradients that arrived averaged from the others) claims the run with one
+  `compare_set`: the first claim names the culprit rank;
+- every rank publishes how it ended (one key per rank), so the culprit's report says which
+  ranks were non-finite at that step (one rank's bad batch, or a bug every rank hits);
+- a background thread on each rank waits on the culprit key (one blocking request held
+  open, not a poll), so a rank that is still training stops at its next step boundary
+  ("stopped: rank 1 found a non-finite value at step 3") instead of running on, or waiting
+  in a collective for a peer that is gone until the backend's timeout.
+
+Every wait has a timeout; a rank that cannot reach the store at all reports on its own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
+
+# How long a rank waits for the others when it stops: for the culprit's claim (a peer that
+# died), for the other ranks' status (which ranks were non-finite), for the replay's port.
+PEER_WAIT_S = 5.0
+STORE_CONNECT_S = 10.0
+# A replay's ranks run on their own rendezvous: without torchrun's agent store (rank 0's
+# replay hosts a new TCPStore on the fresh port), so nothing of the first launch is joined.
+_LAUNCH_STORE_VARIABLES = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
+# How long a distributed replay may run before it is given up (a rank that hangs in a
+# collective must not hang the launch).
+REPLAY_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "RankInfo | None":
+        """This process's place in a torch.distributed launch; None when it is not one."""
+        try:
+            rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        except (KeyError, ValueError):
+            return None
+        if world_size < 2:
+            return None
+        return cls(rank, int(environ.get("LOCAL_RANK", rank)), world_size, socket.gethostname())
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """The distributed part of a rank's report (the contract's `distributed` field)."""
+
+    world_size: int
+    rank: int
+    local_rank: int
+    host: str
+    culprit_rank: int | None
+    ranks_nonfinite: list[int]
+    culprit_step: int | None = None
+    stopped_by_peer: bool = False  # this rank was stopped because another one found it
+
+    def to_dict(self) -> dict:
+        return {"world_size": self.world_size, "rank": self.rank, "local_rank": self.local_rank, "host": self.host,
+                "culprit_rank": self.culprit_rank, "ranks_nonfinite": list(self.ranks_nonfinite),
+                "culprit_step": self.culprit_step, "stopped_by_peer": self.stopped_by_peer}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "RankReport | None":
+        if not data:
+            return None
+        return cls(data["world_size"], data["rank"], data.get("local_rank", data["rank"]), data.get("host", ""),
+                   data.get("culprit_rank"), list(data.get("ranks_nonfinite") or []), data.get("culprit_step"),
+                   bool(data.get("stopped_by_peer")))
+
+    @property
+    def is_culprit(self) -> bool:
+        return self.culprit_rank == self.rank
+
+    @property
+    def writes_run_report(self) -> bool:
+        """The run's one report is the culprit's; with no culprit, rank 0's."""
+        return self.is_culprit if self.culprit_rank is not None else self.rank == 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The culprit's claim on the run: its rank and step."""
+
+    rank: int
+    step: int | None
+
+    def to_json(self) -> str:
+        return json.dumps({"rank": self.rank, "step": self.step})
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> "Claim":
+        data = json.loads(text)
+        return cls(int(data["rank"]), data.get("step"))
+
+
+class PeerChannel:
+    """This rank's line to the others, through the launch's store (see the module docstring)."""
+
+    def __init__(self, info: RankInfo, environ=os.environ) -> None:
+        self.info = info
+        self._address = (environ.get("MASTER_ADDR", "127.0.0.1"), int(environ.get("MASTER_PORT", "0") or 0))
+        run = environ.get("TORCHELASTIC_RUN_ID") or f"port{self._address[1]}"
+        self._prefix = f"nandoctor/{run}/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self._store = None
+        self._unreachable = False
+        self._stop_watching = threading.Event()
+        self.seen_claim = False  # another rank's claim arrived (or this rank claimed)
+        self._publishing = threading.Lock()
+        self._published_final = False
+
+    # -- the store ---------------------------------------------------------------------
+
+    def _connect(self, timeout_s: float = STORE_CONNECT_S):
+        import torch.distributed as dist
+
+        host, port = self._address
+        return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+
+    def store(self):
+        """The store, connected on first use; None when it cannot be reached."""
+        if self._store is None and not self._unreachable and self._address[1]:
+            try:
+                self._store = self._connect()
+            except Exception:  # noqa: BLE001 - no store: this rank reports on its own
+                self._unreachable = True
+        return self._store
+
+    def _key(self, name: str) -> str:
+        return self._prefix + name
+
+    # -- what a stopping rank says -----------------------------------------------------
+
+    def claim(self, step: int | None) -> Claim:
+        """Claim the run as its culprit; returns the claim that won (maybe another rank's)."""
+        mine = Claim(self.info.rank, step)
+        self.seen_claim = True
+        store = self.store()
+        if store is None:
+            return mine
+        try:
+            won = store.compare_set(self._key("culprit"), "", mine.to_json())
+            return Claim.from_json(won)
+        except Exception:  # noqa: BLE001
+            return mine
+
+    def culprit(self, wait_s: float = PEER_WAIT_S) -> Claim | None:
+        """The culprit's claim, waiting up to `wait_s` for one; None when no rank claimed."""
+        store = self.store()
+        if store is None:
+            return None
+        try:
+            if not _wait(store, [self._key("culprit")], wait_s):
+                return None
+            return Claim.from_json(store.get(self._key("culprit")))
+        except Exception:  # noqa: BLE001 - the store is gone
+            return None
+
+    def publish(self, status: dict, final: bool = True) -> None:
+        """How this rank ended: {"own_nonfinite": bool, "step": ...}. A provisional status
+        (`final=False`, sent from the listening thread) never replaces the final one."""
+        with self._publishing:
+            if self._published_final or self.store() is None:
+                return
+            self._published_final = final
+            try:
+                self._store.set(self._key(f"rank/{self.info.rank}"), json.dumps(status))
+            except Exception:  # noqa: BLE001
+                pass
+
+    def statuses(self, wait_s: float = PEER_WAIT_S) -> dict[int, dict]:
+        """Every rank's published status, waiting up to `wait_s` in all for the missing ones."""
+        store = self.store()
+        if store is None:
+            return {}
+        keys = [self._key(f"rank/{r}") for r in range(self.info.world_size)]
+        _wait(store, keys, wait_s)  # some rank may never say: report what is there
+        found: dict[int, dict] = {}
+        for rank, key in enumerate(keys):
+            try:
+                if store.check([key]):
+                    found[rank] = json.loads(store.get(key))
+            except Exception:  # noqa: BLE001
+                break
+        return found
+
+    def share(self, name: str, value: str | None, wait_s: float = 30.0) -> str | None:
+        """Rank 0 sets `name` to `value`; every rank returns it (None if it never came)."""
+        store = self.store()
+        if store is None:
+            return value if self.info.rank == 0 else None
+        try:
+            if self.info.rank == 0 and value is not None:
+                store.set(self._key(name), value)
+            store.wait([self._key(name)], timedelta(seconds=wait_s))
+            return store.get(self._key(name)).decode()
+        except Exception:  # noqa: BLE001
+            return None
+
+    # -- listening for the culprit while training runs ------------------------------------
+
+    def watch(self, on_claim: Callable[[Claim], None]) -> None:
+        """Call `on_claim` (from a background thread) when another rank claims the run."""
+        thread = threading.Thread(target=self._watch, args=(on_claim,), name="nandoctor-peers", daemon=True)
+        thread.start()
+
+    def _watch(self, on_claim: Callable[[Claim], None]) -> None:
+        try:
+            store = self._connect()  # its own connection: a blocking wait holds it
+        except Exception:  # noqa: BLE001
+            return
+        key = self._key("culprit")
+        while not self._stop_watching.is_set():
+            try:
+                store.wait([key], timedelta(seconds=60))
+            except Exception:  # noqa: BLE001 - timed out (wait again) or the store is gone
+                if not _alive(store):
+                    return
+                continue
+            try:
+                claim = Claim.from_json(store.get(key))
+            except Exception:  # noqa: BLE001
+                return
+            if claim.rank != self.info.rank and not self._stop_watching.is_set():
+                self.seen_claim = True
+                on_claim(claim)
+            return
+
+    def close(self) -> None:
+        self._stop_watching.set()
+
+
+def _wait(store, keys: list[str], wait_s: float) -> bool:
+    """Wait up to `wait_s` for every key; True when all are there. (A zero wait only looks:
+    the store's wait would log a timeout.)"""
+    try:
+        if wait_s <= 0:
+            return bool(store.check(keys))
+        store.wait(keys, timedelta(seconds=wait_s))
+        return True
+    except Exception:  # noqa: BLE001 - timed out, or the store is gone
+        return False
+
+
+def _alive(store) -> bool:
+    try:
+        store.check(["nandoctor/alive"])
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for a replay's own rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class RankRun:
+    """One rank's part in a distributed run: listen for a culprit while the script runs, and
+    when it ends, settle with the other ranks who the culprit is and who was non-finite."""
+
+    def __init__(self, info: RankInfo, channel: PeerChannel | None = None) -> None:
+        self.info = info
+        self.channel = channel or PeerChannel(info)
+
+    @classmethod
+    def from_env(cls) -> "RankRun | None":
+        info = RankInfo.from_env()
+        return cls(info) if info is not None else None
+
+    def listen(self, on_claim: Callable[[Claim], None], step: Callable[[], int | None]) -> None:
+        """Until `settle`: on another rank's claim, tell it at once that this rank's own values
+        were finite (so the culprit need not wait for this one), then call `on_claim`."""
+        def claimed(claim: Claim) -> None:
+            self.channel.publish({"own_nonfinite": False, "step": step()}, final=False)
+            on_claim(claim)
+
+        self.channel.watch(claimed)
+        self._handle_sigterm()
+
+    def _handle_sigterm(self) -> None:
+        """torchrun sends SIGTERM to every rank once one exits non-zero (the culprit, with 3),
+        while the others are still writing that they were stopped by it: those finish (the
+        launcher's SIGKILL still follows a rank that hangs). Any other SIGTERM stops the run."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum, frame):
+            if self.channel.seen_claim:
+                return
+            signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def replay_environment(self, environ=os.environ) -> dict[str, str] | None:
+        """The environment of this rank's replay: every rank replays together on a fresh
+        rendezvous (a port rank 0 picks, shared through the store), never the original one,
+        whose peers are gone. None when the ranks could not agree on one."""
+        port = self.channel.share("replay_port", str(free_port()) if self.info.rank == 0 else None)
+        if port is None:
+            return None
+        env = {k: v for k, v in environ.items() if k not in _LAUNCH_STORE_VARIABLES}
+        env["MASTER_PORT"] = port
+        return env
+
+    def peer_stopped(self, wait_s: float = 2.0) -> bool:
+        """Has another rank claimed the run? (For an error in a collective: a peer that
+        stopped makes it fail.) Waits briefly for the claim to arrive."""
+        if self.channel.seen_claim:
+            return True
+        claim = self.channel.culprit(wait_s)
+        return claim is not None and claim.rank != self.info.rank
+
+    def settle(self, own_nonfinite: bool, found: bool, stopped: bool, step: int | None) -> RankReport:
+        """`own_nonfinite`: this rank's own values went non-finite; `found`: it found a
+        non-finite value (maybe one that arrived from the others: averaged gradients);
+        `stopped`: it ended early for any reason (a finding, a peer's claim, an error)."""
+        channel = self.channel
+        channel.close()
+        if own_nonfinite:
+            claim = channel.claim(step)
+        elif stopped:
+            # Averaged NaN gradients, a peer that died, a peer's claim: whoever claimed it;
+            # when nobody did, a rank that found something claims it (the first one wins).
+            claim = channel.culprit()
+            if claim is None and found:
+                claim = channel.claim(step)
+        else:
+            claim = channel.culprit(wait_s=0.0)
+        channel.publish({"own_nonfinite": own_nonfinite, "step": step})
+        culprit = claim.rank if claim is not None else None
+        nonfinite: list[int] = []
+        if culprit is not None:
+            # The culprit waits for the others' word; another rank only reads what is there.
+            statuses = channel.statuses(PEER_WAIT_S if culprit == self.info.rank else 0.0)
+            nonfinite = sorted(r for r, status in statuses.items() if status.get("own_nonfinite"))
+            if own_nonfinite and self.info.rank not in nonfinite:
+                nonfinite = sorted([*nonfinite, self.info.rank])
+        info = self.info
+        return RankReport(info.world_size, info.rank, info.local_rank, info.host, culprit, nonfinite,
+                          claim.step if claim is not None else None,
+                          stopped_by_peer=stopped and culprit is not None and culprit != info.rank and not own_nonfinite)

@@ -1,0 +1,45 @@
+# A small DDP regression run on CPU (gloo), launched with torchrun or
+# `nandoctor run --nproc-per-node 2`. Two ways to break it, for the tests:
+#   BAD_INDEX=55  sample 55 of the dataset holds a NaN: with DistributedSampler(shuffle=False)
+#                 and batch 8 it is rank 1's batch at step 3 (one rank's bad data);
+#   LOG_ZERO=1    at step 2 every rank adds log(out * 0) to its loss (a bug every rank hits).
+import os, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+BAD = int(os.environ.get("BAD_INDEX", "-1"))
+LOG_ZERO = os.environ.get("LOG_ZERO") == "1"
+
+class Rows(Dataset):
+    def __init__(self):
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(128, 8, generator=g)
+        self.y = torch.randn(128, 1, generator=g)
+    def __len__(self): return 128
+    def __getitem__(self, i):
+        x = self.x[i].clone()
+        if i == BAD:
+            x[0] = float("nan")
+        return x, self.y[i]
+
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+sampler = DistributedSampler(Rows(), shuffle=False)
+loader = DataLoader(Rows(), batch_size=8, sampler=sampler)
+for step, (x, y) in enumerate(loader):
+    out = model(x)
+    loss = ((out - y) ** 2).mean()
+    if LOG_ZERO and step == 2:
+        loss = loss + torch.log(out * 0).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+if rank == 0:
+    print("final", sum(p.sum().item() for p in model.parameters()))
+dist.destroy_process_group()
