@@ -232,7 +232,8 @@ class ArrayChecker:
 
     def _first(self, check: str) -> str:
         where = self._where(check)
-        return f", first at {_fmt_pos(where[0])}" if where else ""
+        # (A single value, a 0-d array, has no position worth naming.)
+        return f", first at {_fmt_pos(where[0])}" if where and where[0] != () else ""
 
     def _nan_detail(self) -> str:
         text = f"{_n(self.nan)} NaN of {_n(self.seen)} values ({_pct(self.nan, self.seen)})"
@@ -247,13 +248,13 @@ class ArrayChecker:
 
     def _fp16_detail(self) -> str:
         peak = max(abs(self.lo or 0.0), abs(self.hi or 0.0))
-        return (f"{_n(self.fp16)} finite values beyond float16's range (|x| > 65504, largest "
+        return (f"{_count(self.fp16, 'finite value')} beyond float16's range (|x| > 65504, largest "
                 f"{peak:.4g}): they become Inf under half precision or autocast{self._first('fp16_range')}")
 
     def _label_detail(self) -> str:
         top = self.options.num_classes
         want = f"[0, {top})" if top is not None else "non-negative"
-        return (f"{_n(self.bad_labels)} labels outside {want} (values span {self.label_lo}..{self.label_hi})"
+        return (f"{_count(self.bad_labels, 'label')} outside {want} (values span {self.label_lo}..{self.label_hi})"
                 f"{self._first('label_range')}")
 
     def _constant_detail(self) -> str:
@@ -263,6 +264,10 @@ class ArrayChecker:
 
 def _n(value: int) -> str:
     return f"{value:,}"
+
+
+def _count(value: int, word: str) -> str:
+    return f"{_n(value)} {word}{'' if value == 1 else 's'}"
 
 
 def _pct(part: int, whole: int) -> str:

@@ -390,7 +390,7 @@ def _weights_only_refusal(exc: Exception) -> str:
         return ("holds a numpy array of Python objects (object dtype); not loaded, since unpickling "
                 "can run code")
     culprit = next((line.strip() for line in text.splitlines() if "Unsupported" in line or "GLOBAL" in line), "")
-    culprit = culprit.split(" Please")[0] if culprit else "it is not a plain tensor checkpoint"
+    culprit = culprit.split(" Please")[0].rstrip(".") if culprit else "it is not a plain tensor checkpoint"
     return (f"refused by torch.load(weights_only=True): {culprit}. Nothing in it was run; "
             f"load it yourself only if you trust its source")
 

@@ -132,3 +132,17 @@ def test_complex_arrays_are_checked_for_nan():
 
 def test_bool_mask_with_one_value_is_constant():
     assert checks_of(check_array(np.zeros((4, 4), dtype=bool))) == ["constant"]
+
+
+def test_one_value_beyond_float16_or_one_bad_label_is_singular():
+    a = np.array([1.0, 2.0, 70000.0], dtype=np.float32)
+    detail = {f.check: f.detail for f in check_array(a)}["fp16_range"]
+    assert detail.startswith("1 finite value beyond") and "values beyond" not in detail
+    labels = {f.check: f.detail for f in check_array(np.array([0, 1, 7]), is_label=True,
+                                                      options=CheckOptions(num_classes=3))}
+    assert labels["label_range"].startswith("1 label outside")
+
+
+def test_a_single_non_finite_scalar_has_no_position_to_name():
+    detail = {f.check: f.detail for f in check_array(np.array(np.nan, dtype=np.float32))}["nan"]
+    assert "first at []" not in detail
