@@ -3,6 +3,7 @@
 #   BAD_INDEX=55  sample 55 of the dataset holds a NaN: with DistributedSampler(shuffle=False)
 #                 and batch 8 it is rank 1's batch at step 3 (one rank's bad data);
 #   LOG_ZERO=1    at step 2 every rank adds log(out * 0) to its loss (a bug every rank hits).
+# EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
 import os, sys
 import torch
 import torch.distributed as dist
@@ -32,14 +33,17 @@ model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.n
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 sampler = DistributedSampler(Rows(), shuffle=False)
 loader = DataLoader(Rows(), batch_size=8, sampler=sampler)
-for step, (x, y) in enumerate(loader):
-    out = model(x)
-    loss = ((out - y) ** 2).mean()
-    if LOG_ZERO and step == 2:
-        loss = loss + torch.log(out * 0).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+step = 0
+for epoch in range(int(os.environ.get("EPOCHS", "1"))):
+    for x, y in loader:
+        out = model(x)
+        loss = ((out - y) ** 2).mean()
+        if LOG_ZERO and step == 2:
+            loss = loss + torch.log(out * 0).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
 if rank == 0:
     print("final", sum(p.sum().item() for p in model.parameters()))
 dist.destroy_process_group()
