@@ -73,3 +73,16 @@ def test_a_healthy_run_is_clean_with_the_same_numbers_as_plain_torchrun(tmp_path
     assert proc.stdout == plain.stdout and "final" in proc.stdout  # rank 0's final parameter sum
     report = _report(tmp_path)
     assert report["status"] == "clean" and report["distributed"]["culprit_rank"] is None
+
+
+def test_fsdp2_is_watched_the_same_way(tmp_path):
+    script = SCRIPT.with_name("fsdp2_regression.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "nandoctor", "run", "--nproc-per-node", "2", "--json", str(tmp_path / "r.json"),
+         str(script)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=DEADLINE_S, stdin=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1", BAD="1"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    report = _report(tmp_path)
+    assert report["distributed"]["culprit_rank"] == 1 and report["step"] == 3
+    assert report["root"]["location"]["line"] == 21  # x[0, 0] = float("nan")
