@@ -24,7 +24,16 @@ def report_outputs(stream: TextIO, config: Config, json_path: Optional[Path] = N
     outputs = [Output(Terminal(report_console(stream), config.run["context_lines"]), Stream(stream))]
     for renderer, path in ((Json(), json_path), (JUnit(), junit_path)):
         if path is not None:
-            destination = AtomicFile(Path(path))
-            destination.check()
-            outputs.append(Output(renderer, destination))
+            outputs.append(file_output(renderer, path))
     return outputs + github.outputs(stream, config.ci["max_annotations"], environ)
+
+
+def json_output(path: Path) -> Output:
+    """Only the JSON report, at `path` (a distributed rank's own report)."""
+    return file_output(Json(), path)
+
+
+def file_output(renderer, path: Path) -> Output:
+    destination = AtomicFile(Path(path))
+    destination.check()
+    return Output(renderer, destination)

@@ -10,7 +10,7 @@ import typer
 
 from nandoctor.cli import Command, app
 from nandoctor.cli import launcher
-from nandoctor.cli.outputs import report_outputs
+from nandoctor.cli.outputs import json_output, report_outputs
 from nandoctor.config import load_config, resolve_config
 from nandoctor.console import note_line
 from nandoctor.errors import UsageError
@@ -95,10 +95,8 @@ def run_command(
         if line is not None:
             note_line(line)
         outputs = []
-        if rank_reports and json_path is not None:
-            outputs = report_outputs(sys.stderr, config, json_path=launcher.rank_path(json_path, dist.rank))[1:2]
-    elif dist is not None and rank_reports and json_path is not None:
-        outputs += report_outputs(sys.stderr, config, json_path=launcher.rank_path(json_path, dist.rank))[1:2]
+    if dist is not None and rank_reports and json_path is not None:
+        outputs.append(json_output(launcher.rank_path(json_path, dist.rank)))
     publish(report, outputs)
     return report.exit_code
 
