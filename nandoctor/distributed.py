@@ -283,6 +283,7 @@ class RankRun:
     def __init__(self, info: RankInfo, channel: PeerChannel | None = None) -> None:
         self.info = info
         self.channel = channel or PeerChannel(info)
+        self.script_running = False  # the user's script runs (not nandoctor's reporting)
 
     @classmethod
     def from_env(cls) -> "RankRun | None":
@@ -300,16 +301,17 @@ class RankRun:
         self._handle_sigterm()
 
     def _handle_sigterm(self) -> None:
-        """torchrun sends SIGTERM to every rank once one exits non-zero (the culprit, with 3),
-        while the others are still writing that they were stopped by it: those finish (the
-        launcher's SIGKILL still follows a rank that hangs). Any other SIGTERM stops the run."""
+        """torchrun sends SIGTERM to every rank once one exits non-zero (the culprit, with 3,
+        or a rank that died), while the others are still writing that they were stopped by
+        it: those finish (the launcher's SIGKILL still follows a rank that hangs). A SIGTERM
+        while the script runs, with no claim, stops the script as it would without nandoctor."""
         if threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGTERM)
 
         def on_sigterm(signum, frame):
-            if self.channel.seen_claim:
-                return
+            if self.channel.seen_claim or not self.script_running:
+                return  # already stopping: the report is being written
             signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
             raise SystemExit(128 + signum)
 
@@ -325,6 +327,11 @@ class RankRun:
         env = {k: v for k, v in environ.items() if k not in _LAUNCH_STORE_VARIABLES}
         env["MASTER_PORT"] = port
         return env
+
+    def script_failed(self) -> bool:
+        """The script raised: is that because another rank stopped (see `peer_stopped`)?"""
+        self.script_running = False
+        return self.peer_stopped()
 
     def peer_stopped(self, wait_s: float = 2.0) -> bool:
         """Has another rank claimed the run? (For an error in a collective: a peer that

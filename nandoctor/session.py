@@ -58,10 +58,11 @@ def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankR
     outcome: ScriptOutcome | None
     if ranks is not None:
         ranks.listen(observer.peer_claimed, lambda: observer.state.step_or_none)
+        ranks.script_running = True
     try:
         with observer:
             outcome = runner.run(passthrough=(NonFiniteFound, StepLimitReached, PeerStopped),
-                                 explained=lambda exc: ranks is not None and ranks.peer_stopped())
+                                 explained=lambda exc: ranks is not None and ranks.script_failed())
             observer.finish()
     except NonFiniteFound:
         outcome = ScriptOutcome(int(ExitCode.FOUND))
@@ -70,6 +71,8 @@ def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankR
     except PeerStopped:
         outcome = ScriptOutcome(int(ExitCode.FOUND))
     finally:
+        if ranks is not None:
+            ranks.script_running = False
         _flush_user_streams()
     distributed = _settle(ranks, observer, outcome) if ranks is not None else None
     if distributed is not None and distributed.stopped_by_peer:
@@ -83,7 +86,7 @@ def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankR
     )
     if distributed is not None:
         report.distributed = distributed
-        report.notes += rank_words.notes(distributed)
+        report.notes += rank_words.notes(distributed, report.error)
         if distributed.stopped_by_peer:
             report.status, report.error = "nonfinite", None
             report.reason = rank_words.stopped_reason(distributed)

@@ -86,3 +86,12 @@ def test_fsdp2_is_watched_the_same_way(tmp_path):
     report = _report(tmp_path)
     assert report["distributed"]["culprit_rank"] == 1 and report["step"] == 3
     assert report["root"]["location"]["line"] == 21  # x[0, 0] = float("nan")
+
+
+def test_a_peer_that_dies_is_told_apart_from_a_finding(tmp_path):
+    proc, elapsed = _launch(tmp_path, DIE_AT="2")
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the script's error, as without nandoctor
+    report = _report(tmp_path)
+    assert report["status"] == "script_error" and report["distributed"]["culprit_rank"] is None
+    assert any("another rank's process is gone" in note for note in report["notes"])
+    assert elapsed < 60

@@ -4,9 +4,20 @@ from __future__ import annotations
 from nandoctor.distributed import RankReport
 
 
-def notes(dist: RankReport) -> list[str]:
-    """For the run's report: the culprit and whether the others were finite at that step."""
+# What a collective says when a peer process is gone (gloo, NCCL, the store).
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote worker crashing",
+              "nccl communicator was aborted", "socket timeout", "connection refused")
+
+
+def notes(dist: RankReport, error: dict | None = None) -> list[str]:
+    """For the run's report: the culprit and whether the others were finite at that step;
+    with no culprit, whether this rank's error was a peer that died."""
     if dist.culprit_rank is None:
+        message = str((error or {}).get("message", "")).lower()
+        if any(sign in message for sign in _PEER_GONE):
+            return [f"rank {dist.rank}'s collective failed because another rank's process is gone (it died or "
+                    "was killed, not stopped by nandoctor: no rank found a non-finite value); look at the "
+                    "other ranks' output for why"]
         return []
     at = f" at step {dist.culprit_step}" if dist.culprit_step is not None else ""
     others = [r for r in range(dist.world_size) if r not in dist.ranks_nonfinite]

@@ -3,6 +3,7 @@
 #   BAD_INDEX=55  sample 55 of the dataset holds a NaN: with DistributedSampler(shuffle=False)
 #                 and batch 8 it is rank 1's batch at step 3 (one rank's bad data);
 #   LOG_ZERO=1    at step 2 every rank adds log(out * 0) to its loss (a bug every rank hits).
+#   DIE_AT=2      rank 1's process dies at step 2 (no NaN anywhere: a dead peer).
 # EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
 import os, sys
 import torch
@@ -36,6 +37,8 @@ loader = DataLoader(Rows(), batch_size=8, sampler=sampler)
 step = 0
 for epoch in range(int(os.environ.get("EPOCHS", "1"))):
     for x, y in loader:
+        if step == int(os.environ.get("DIE_AT", "-1")) and rank == 1:
+            os._exit(9)
         out = model(x)
         loss = ((out - y) ** 2).mean()
         if LOG_ZERO and step == 2:
