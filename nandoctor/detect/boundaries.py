@@ -146,12 +146,15 @@ def _parameters(optimizer):
 def _leaves(roots):
     """The leaf tensors (parameters, inputs with requires_grad) reachable from `roots`."""
     stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen: set[int] = set()
+    # Keyed by id but holding the node itself: a graph node's Python object lives only while
+    # referenced, so a freed one's id can come back for another node (seen on torch 2.9: a
+    # parameter's AccumulateGrad got the id of the node walked just before, and was skipped).
+    seen: dict[int, object] = {}
     while stack:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         variable = getattr(node, "variable", None)
         if variable is not None:
             yield variable
