@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from helpers import run_nandoctor
+from helpers import once_per_session, run_nandoctor
 
 TRAIN = """\
 import sys, torch
@@ -29,10 +29,23 @@ torch.save(model.state_dict(), sys.argv[1])
 """
 
 
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> dict:
+    """The parameters the script ends with under plain python: one run for every mode (and
+    every xdist worker, see helpers.once_per_session)."""
+
+    def run_plain() -> str:
+        folder = tmp_path_factory.mktemp("plain")
+        (folder / "train.py").write_text(TRAIN)
+        subprocess.run([sys.executable, "train.py", "plain.pt"], cwd=folder, check=True, timeout=180)
+        return str(folder / "plain.pt")
+
+    return torch.load(once_per_session(tmp_path_factory, "numbers_unchanged_plain", run_plain))
+
+
 @pytest.mark.parametrize("mode", ["trace", "watch", "device-flags"])
-def test_parameters_are_bit_identical_to_plain_python(tmp_path, script, mode):
+def test_parameters_are_bit_identical_to_plain_python(tmp_path, script, plain, mode):
     script("train.py", TRAIN)
-    subprocess.run([sys.executable, "train.py", "plain.pt"], cwd=tmp_path, check=True, timeout=180)
     if mode == "device-flags":  # trace mode's GPU path (flags read at boundaries), taken on CPU
         script("flags.yaml", "run:\n  device_flags: always\n")
         options = ["--config", "flags.yaml"]
@@ -40,7 +53,6 @@ def test_parameters_are_bit_identical_to_plain_python(tmp_path, script, mode):
         options = ["--mode", mode]
     result = run_nandoctor(["run", *options, "train.py", "wrapped.pt"], tmp_path)
     assert result.code == 0, result.stderr
-    plain = torch.load(tmp_path / "plain.pt")
     wrapped = torch.load(tmp_path / "wrapped.pt")
     assert plain.keys() == wrapped.keys()
     for name in plain:

@@ -1,6 +1,7 @@
 """The public cases in ../shared/cases, scored by the project's own scorer as CI would.
 
-The scorer runs once (all cases, two at a time); each case is then its own test. Cases
+The scorer runs once per test session (all cases, two at a time), also under pytest-xdist
+(see helpers.once_per_session); each case is then its own test. Cases
 that nandoctor still gets wrong are listed in KNOWN_MISSES with the issue that tracks
 them, as strict expected failures: a listed case that starts passing fails this test
 until it is taken off the list, and any other case that fails is a regression.
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import once_per_session
+
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 SCORER = SHARED / "tools" / "score_cases.py"
 CASES = sorted(p.parent.name for p in (SHARED / "cases").glob("*/expect.yaml"))
@@ -23,19 +26,24 @@ KNOWN_MISSES: dict[str, str] = {}  # case name -> the issue tracking it (none to
 pytestmark = pytest.mark.skipif(not SCORER.exists(), reason="../shared is not beside the checkout")
 
 
-@pytest.fixture(scope="module")
-def scores() -> dict[str, str]:
-    """Case name -> "" when it passed, else the scorer's account of what was wrong."""
+def score_all() -> dict[str, str]:
     proc = subprocess.run(
         [sys.executable, str(SCORER), str(SHARED / "cases"), "--nandoctor", f"{sys.executable} -m nandoctor"],
         capture_output=True, text=True, timeout=1200,
     )
+    return {"stdout": proc.stdout, "stderr": proc.stderr}
+
+
+@pytest.fixture(scope="module")
+def scores(tmp_path_factory) -> dict[str, str]:
+    """Case name -> "" when it passed, else the scorer's account of what was wrong."""
+    scored = once_per_session(tmp_path_factory, "public_cases", score_all)
     results = {}
-    for line in proc.stdout.splitlines():
+    for line in scored["stdout"].splitlines():
         match = re.match(r"(ok|FAIL) +(\S+) \([^)]*\)(?:: (.*))?$", line)
         if match:
             results[match.group(2)] = "" if match.group(1) == "ok" else match.group(3)
-    assert set(results) == set(CASES), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert set(results) == set(CASES), scored["stdout"][-3000:] + scored["stderr"][-3000:]
     return results
 
 

@@ -2,12 +2,20 @@
 
 Each script is run as a user would run it: `python -m nandoctor run --json r.json SCRIPT`, with the
 working directory a scratch copy of sample_scripts/. The expected answers live in
-sample_scripts/expectations.yaml.
-"""
+sample_scripts/expectations.yaml. Each script also runs under plain python: the samples are
+ordinary training scripts.
 
+Both runs are processes forked from a server that has already imported torch (and, for
+nandoctor's, nandoctor's command line), see helpers.ForkServer: importing them is most of
+the cost of running a sample, and is paid once per test process instead of once per run.
+The torch._dynamo that an optimizer's first step imports is preloaded for plain python
+only: under nandoctor that import happens during the run, as it does for a user.
+`test_a_forked_run_is_the_run_python_gives` checks that a forked run is the run.
+"""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from helpers import ForkServer
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_scripts"
 EXPECTATIONS: dict[str, dict] = yaml.safe_load((SAMPLES / "expectations.yaml").read_text())
@@ -34,12 +44,27 @@ def workdir(tmp_path: Path) -> Path:
     return dest
 
 
-def run_nandoctor(script: str, cwd: Path) -> tuple[subprocess.CompletedProcess, dict | None]:
+PLAIN_PRELOAD = ["torch", "torch._dynamo"]  # what a sample imports, and an optimizer's first step
+NANDOCTOR_PRELOAD = ["nandoctor.cli", "nandoctor.session"]  # `nandoctor run` imports torch through session
+
+
+@pytest.fixture(scope="session")
+def plain_python(tmp_path_factory):
+    server = ForkServer(PLAIN_PRELOAD, tmp_path_factory.mktemp("plain_python"), TIMEOUT_S)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def nandoctor_python(tmp_path_factory):
+    server = ForkServer(NANDOCTOR_PRELOAD, tmp_path_factory.mktemp("nandoctor_python"), TIMEOUT_S)
+    yield server
+    server.close()
+
+
+def run_nandoctor(server: ForkServer, script: str, cwd: Path) -> tuple[subprocess.CompletedProcess, dict | None]:
     report_path = cwd.parent / "r.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "nandoctor", "run", "--json", str(report_path), script],
-        cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
+    proc = server.run(["-m", "nandoctor", "run", "--json", str(report_path), script], cwd)
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     return proc, report
 
@@ -63,9 +88,9 @@ def test_every_script_has_an_expectation():
 
 
 @pytest.mark.parametrize("script", BROKEN)
-def test_broken_script_is_diagnosed(script: str, workdir: Path):
+def test_broken_script_is_diagnosed(script: str, workdir: Path, nandoctor_python: ForkServer):
     expect = EXPECTATIONS[script]
-    proc, report = run_nandoctor(script, workdir)
+    proc, report = run_nandoctor(nandoctor_python, script, workdir)
     info = describe(proc, report)
 
     assert report is not None, f"no JSON report\n{info}"
@@ -83,8 +108,8 @@ def test_broken_script_is_diagnosed(script: str, workdir: Path):
 
 
 @pytest.mark.parametrize("script", HEALTHY)
-def test_healthy_script_is_clean(script: str, workdir: Path):
-    proc, report = run_nandoctor(script, workdir)
+def test_healthy_script_is_clean(script: str, workdir: Path, nandoctor_python: ForkServer):
+    proc, report = run_nandoctor(nandoctor_python, script, workdir)
     info = describe(proc, report)
 
     assert report is not None, f"no JSON report\n{info}"
@@ -97,14 +122,82 @@ def test_healthy_script_is_clean(script: str, workdir: Path):
 
 
 @pytest.mark.parametrize("script", ALL)
-def test_script_runs_under_plain_python(script: str, workdir: Path):
+def test_script_runs_under_plain_python(script: str, workdir: Path, plain_python: ForkServer):
     """The samples are ordinary training scripts: they run (and finish) without nandoctor."""
-    proc = subprocess.run(
-        [sys.executable, script], cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
+    proc = plain_python.run([script], workdir)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert "nandoctor" not in output.lower(), output[-3000:]
     if EXPECTATIONS[script]["kind"] == "healthy":
         assert not re.search(r"\b(nan|inf)\b", proc.stdout), proc.stdout[-3000:]
+
+
+# What the forked runs rely on. A plain run sees what `python SCRIPT` gives it, ends with
+# the script's status, its output, an uncaught exception's traceback, atexit handlers,
+# non-daemon threads and unclosed files flushed, and has nothing of nandoctor's loaded.
+PROBES = {
+    "probe.py": """\
+import json, os, sys
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
+                  "file": __file__, "main": sys.modules["__main__"].__file__, "stdin": sys.stdin.read(),
+                  "nandoctor": [m for m in sys.modules if m.startswith("nandoctor")]}))
+print("to stderr", file=sys.stderr)
+""",
+    "exits.py": "import atexit, sys\natexit.register(print, 'atexit ran')\nsys.exit(7)\n",
+    "ends.py": """\
+import threading, time
+log = open("unclosed.txt", "w")
+log.write("written, never closed")
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread done"))).start()
+raise SystemExit("a message")
+""",
+    "raises.py": "import torch\nx = torch.log(torch.tensor([-1.0]))\nraise ValueError(f'boom {x.item()}')\n",
+}
+
+
+def real_run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
+
+
+def test_a_forked_plain_run_is_the_run_python_gives(tmp_path, plain_python: ForkServer):
+    unclosed = tmp_path / "unclosed.txt"
+    results, files = {}, {}
+    for name, source in PROBES.items():
+        (tmp_path / name).write_text(source)
+        unclosed.unlink(missing_ok=True)
+        forked = plain_python.run([name], tmp_path)
+        forked_file = unclosed.exists() and unclosed.read_text()
+        unclosed.unlink(missing_ok=True)
+        real = real_run([name], tmp_path)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
+        assert forked_file == (unclosed.exists() and unclosed.read_text())
+        results[name], files[name] = forked, forked_file
+    assert json.loads(results["probe.py"].stdout)["nandoctor"] == []
+    assert (results["probe.py"].returncode, results["probe.py"].stderr) == (0, "to stderr\n")
+    assert (results["exits.py"].returncode, results["exits.py"].stdout) == (7, "atexit ran\n")
+    assert (results["ends.py"].returncode, results["ends.py"].stderr) == (1, "a message\n")
+    assert results["ends.py"].stdout == "thread done\n" and files["ends.py"] == "written, never closed"
+    raised = results["raises.py"]
+    assert raised.returncode == 1 and raised.stderr.startswith("Traceback (most recent call last):\n")
+    assert raised.stderr.endswith("ValueError: boom nan\n")
+
+
+def test_a_forked_nandoctor_run_is_the_run_python_m_nandoctor_gives(workdir, nandoctor_python: ForkServer):
+    """The same for `python -m nandoctor run`: on a sample it diagnoses (the report, the exit
+    status, the script's stdout and nandoctor's stderr are the real run's), and on the probe
+    (the script sees what it sees under a real `python -m nandoctor run`)."""
+    (workdir / "probe.py").write_text(PROBES["probe.py"])
+    for script in ("siamese_contrastive_sqrt.py", "probe.py"):
+        argv = ["-m", "nandoctor", "run", "--json", "r.json", script]
+        forked = nandoctor_python.run(argv, workdir)
+        forked_report = json.loads((workdir / "r.json").read_text())
+        (workdir / "r.json").unlink()
+        real = real_run(argv, workdir)
+        real_report = json.loads((workdir / "r.json").read_text())
+        assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
+        for report in (forked_report, real_report):
+            report.pop("duration_s", None)  # the one thing that differs: how long it took
+        assert forked_report == real_report
+    assert real.returncode == 0 and "nandoctor.cli" in json.loads(real.stdout)["nandoctor"]

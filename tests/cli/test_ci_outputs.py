@@ -1,10 +1,13 @@
 """CI use: --max-steps makes any script a smoke test; failures show up where CI systems look."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import xml.etree.ElementTree as ET
 
-from helpers import ACOS_AT_ONE as BROKEN, run_nandoctor
+import pytest
+
+from helpers import ACOS_AT_ONE as BROKEN, CliResult, once_per_session, run_nandoctor
 
 COLOUR = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-8]|9[0-7])[;m]")
 
@@ -43,9 +46,21 @@ def test_github_actions_gets_an_annotation_at_the_root_line_and_a_step_summary(t
     assert "train.py:7" in failure.get("message")
 
 
-def test_outside_github_actions_no_workflow_commands_are_printed(tmp_path, script):
-    script("train.py", BROKEN)
-    result = run_nandoctor(["run", "train.py"], tmp_path)
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory) -> CliResult:
+    """`nandoctor run train.py` on BROKEN outside GitHub Actions, stderr a pipe: one run that
+    the two tests below read (once per session, see helpers.once_per_session)."""
+
+    def run() -> dict:
+        folder = tmp_path_factory.mktemp("broken")
+        (folder / "train.py").write_text(BROKEN)
+        return dataclasses.asdict(run_nandoctor(["run", "train.py"], folder))
+
+    return CliResult(**once_per_session(tmp_path_factory, "ci_outputs_plain_run", run))
+
+
+def test_outside_github_actions_no_workflow_commands_are_printed(plain_run):
+    result = plain_run
     assert result.code == 3 and "Fix:" in result.stderr
     assert "::error" not in result.stderr and "::error" not in result.stdout
 
@@ -61,9 +76,8 @@ def test_max_steps_turns_a_training_script_into_a_smoke_test(tmp_path, script):
     assert suite.get("failures") == "0" and suite.find("testcase/failure") is None
 
 
-def test_logs_have_no_colour_codes_when_not_a_terminal(tmp_path, script):
-    script("train.py", BROKEN)
-    result = run_nandoctor(["run", "train.py"], tmp_path)
+def test_logs_have_no_colour_codes_when_not_a_terminal(plain_run):
+    result = plain_run
     assert "Fix:" in result.stderr
     assert "\x1b[" not in result.stderr
 
