@@ -112,8 +112,9 @@ grep -q '^[0-9]* passed, 0 failed$' <(tail -n 1 "$LOGS/cases.log") || status=1
 
 start=$SECONDS
 "$PY" -m pytest -q -n "$JOBS" -p no:cacheprovider -rfs >"$LOGS/tests.log" 2>&1 || status=1
-tests_line="tests: $(grep -E '^(=+ )?[0-9]+ [a-z]+.* in [0-9.]+s' "$LOGS/tests.log" | tail -n 1 \
-  | sed -E 's/^=+ //; s/ =+$//; s/ in [0-9.]+s.*//') in $((SECONDS - start))s"
+summary=$(grep -E '^(=+ )?[0-9]+ [a-z]+.* in [0-9.]+s' "$LOGS/tests.log" | tail -n 1 \
+  | sed -E 's/^=+ //; s/ =+$//; s/ in [0-9.]+s.*//')
+tests_line="tests: ${summary:-no pytest summary line (killed or crashed: see the log)} in $((SECONDS - start))s"
 
 echo "$torch_line"
 echo "$cases_line"

@@ -15,6 +15,23 @@ from nandoctor.config import load_config
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _atan2_grad_is_nan_at_origin() -> bool:
+    """Torch 2.9 and older give atan2(0, 0) a NaN gradient; 2.10 and later give 0 (the
+    atan2_backward fix, pytorch#166787). Scripts that are healthy only because of that
+    fix really do train into NaN on the older releases."""
+    import torch
+
+    y, x = torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)
+    torch.atan2(y, x).sum().backward()
+    return bool(torch.isnan(x.grad).any())
+
+
+ATAN2_NAN_AT_ORIGIN = _atan2_grad_is_nan_at_origin()
+# Healthy scripts and cases that rely on atan2(0, 0) having a zero gradient.
+HEALTHY_ONLY_WITH_ATAN2_FIX = {"healthy_atan2_wind_direction.py", "healthy_atan2_origin"}
+ATAN2_REASON = "this torch gives atan2(0, 0) a NaN gradient (fixed in 2.10): the NaN is real here"
+
+
 @dataclass
 class Detected:
     detector: object

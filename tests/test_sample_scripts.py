@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ATAN2_NAN_AT_ORIGIN, ATAN2_REASON, HEALTHY_ONLY_WITH_ATAN2_FIX
 
 from helpers import ForkServer
 
@@ -34,6 +35,12 @@ TIMEOUT_S = 120
 ALL = sorted(EXPECTATIONS)
 BROKEN = [name for name in ALL if EXPECTATIONS[name]["kind"] == "broken"]
 HEALTHY = [name for name in ALL if EXPECTATIONS[name]["kind"] == "healthy"]
+
+
+def _torch_dependent(names):
+    """Healthy only on a torch with the atan2 fix: skipped on one without (see helpers)."""
+    return [pytest.param(n, marks=pytest.mark.skipif(ATAN2_NAN_AT_ORIGIN, reason=ATAN2_REASON))
+            if n in HEALTHY_ONLY_WITH_ATAN2_FIX else n for n in names]
 
 
 @pytest.fixture
@@ -107,7 +114,7 @@ def test_broken_script_is_diagnosed(script: str, workdir: Path, nandoctor_python
     assert report["cause"]["id"] == expect["cause"], info
 
 
-@pytest.mark.parametrize("script", HEALTHY)
+@pytest.mark.parametrize("script", _torch_dependent(HEALTHY))
 def test_healthy_script_is_clean(script: str, workdir: Path, nandoctor_python: ForkServer):
     proc, report = run_nandoctor(nandoctor_python, script, workdir)
     info = describe(proc, report)
@@ -121,7 +128,7 @@ def test_healthy_script_is_clean(script: str, workdir: Path, nandoctor_python: F
     assert report["lineage"] == [], info
 
 
-@pytest.mark.parametrize("script", ALL)
+@pytest.mark.parametrize("script", _torch_dependent(ALL))
 def test_script_runs_under_plain_python(script: str, workdir: Path, plain_python: ForkServer):
     """The samples are ordinary training scripts: they run (and finish) without nandoctor."""
     proc = plain_python.run([script], workdir)
@@ -201,3 +208,14 @@ def test_a_forked_nandoctor_run_is_the_run_python_m_nandoctor_gives(workdir, nan
             report.pop("duration_s", None)  # the one thing that differs: how long it took
         assert forked_report == real_report
     assert real.returncode == 0 and "nandoctor.cli" in json.loads(real.stdout)["nandoctor"]
+
+
+@pytest.mark.skipif(not ATAN2_NAN_AT_ORIGIN, reason="this torch gives atan2(0, 0) a zero gradient")
+def test_atan2_at_the_origin_is_diagnosed_where_torch_gives_it_a_nan_gradient(workdir: Path, nandoctor_python: ForkServer):
+    """On a torch without the atan2 fix the 'healthy' wind script does train into NaN, and
+    the right answer is the atan2 line with its cause."""
+    proc, report = run_nandoctor(nandoctor_python, "healthy_atan2_wind_direction.py", workdir)
+    info = describe(proc, report)
+    assert proc.returncode == 3 and report["status"] == "nonfinite", info
+    assert report["cause"]["id"] == "atan2_zero_backward", info
+    assert report["root"]["location"]["line"] == 17 and report["root"]["phase"] == "backward", info

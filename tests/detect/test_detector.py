@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import detect, read_back
+from helpers import ATAN2_NAN_AT_ORIGIN, ATAN2_REASON, detect, read_back
 from nandoctor.detect.result import StopReason
 
 
@@ -121,6 +121,7 @@ class TestNoFalseAlarms:
 
         assert not detect(attend).stopped
 
+    @pytest.mark.skipif(ATAN2_NAN_AT_ORIGIN, reason=ATAN2_REASON)
     def test_inf_masked_inside_backward_formulas_does_not_stop(self):
         def heading():
             v = torch.zeros(4, 2, requires_grad=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import detect, run_nandoctor
+from helpers import ATAN2_NAN_AT_ORIGIN, ATAN2_REASON, detect, run_nandoctor
 from nandoctor.detect import mode as checking_mode
 from nandoctor.detect.device_flags import DeviceFlags, FlaggedOp
 from nandoctor.config import load_config
@@ -116,6 +116,7 @@ class TestDeferredDetection:
 
         assert not detect(attend, device_flags="always").stopped
 
+    @pytest.mark.skipif(ATAN2_NAN_AT_ORIGIN, reason=ATAN2_REASON)
     def test_inf_masked_inside_backward_does_not_stop(self):
         def heading():
             v = torch.zeros(4, 2, requires_grad=True)
