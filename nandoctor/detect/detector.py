@@ -159,6 +159,10 @@ class Detector(Observer):
                 if self.records:
                     self.records.forget(out)
                 return
+            carried = self.recorder.passed_on_intended(args, kwargs, out) if self.records and not intended else None
+            if carried is not None:
+                self.records.put(out, carried)  # the mask, passed on: no birth
+                return
             record = self.recorder.op(func, args, kwargs, out, node, created_seq, intended, before)
         self.records.put(out, record)
         reason = op_verdict(record.phase, record.has_nan, bool(record.output.posinf or record.output.neginf), out.dtype,

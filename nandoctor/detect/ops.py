@@ -109,15 +109,17 @@ def is_inplace(func) -> bool:
 def writes_nonfinite_scalar(func, args, kwargs, recorded=lambda t: None) -> bool:
     """True when a fill-like op was handed a non-finite Python number (e.g. -inf for a mask),
     or a 0-d tensor holding one. A 0-d tensor that a checked op made non-finite
-    (`recorded(t)` is its record) is not written on purpose: it is carried on (Keras's
-    `divide_no_nan` is a `where` over a non-finite loss)."""
+    (`recorded(t)` is its record, not an intended one) is not written on purpose: it is
+    carried on (Keras's `divide_no_nan` is a `where` over a non-finite loss). One that was
+    itself written on purpose is: `where(causal, scalar_tensor(-inf), 0)` is how
+    nn.MultiheadAttention builds its float mask on every call."""
     if base_name(func) not in FILL_OPS:
         return False
     for value in (*args, *kwargs.values()):
         if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return True
         if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point() and not value.is_meta \
-                and recorded(value) is None:
+                and getattr(recorded(value), "intended", True):
             v = value.item()
             if v != v or v in (float("inf"), float("-inf")):
                 return True

@@ -9,10 +9,12 @@ op's own facts). Nothing here decides whether to stop; see `policy.py`.
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 import torch
 
+from nandoctor.detect.mode import all_finite
 from nandoctor.detect.op_facts import collect_op_facts
 from nandoctor.detect.ops import is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
@@ -53,6 +55,7 @@ class Recorder:
         tensors = [(name, v) for name, v in named if isinstance(v, torch.Tensor)]
         overwritten = _overwritten_name(func, tensors, out)
         parents, facts = self._parents(tensors, overwritten, before)
+        facts.written_on_purpose = intended
         origin = not any(not p.intended for p in parents)
         inputs = [_summary(name, value, name == overwritten, before) for name, value in named] if origin else []
         if origin:
@@ -90,6 +93,35 @@ class Recorder:
         elif record.phase == "forward" and created_seq is not None and not intended:
             self.forward_by_node[created_seq] = record
         return record
+
+    def passed_on_intended(self, args, kwargs, out: torch.Tensor) -> Record | None:
+        """The record of a value written on purpose (a -inf mask, `written_on_purpose`) that
+        this op only passed on, or None when the op may have made something of its own.
+
+        `scores + mask` (SDPA adds a float attention mask to the scores), `mask * 2`, a sum
+        over a masked row: every non-finite input is an intended record, the output holds
+        no NaN, and its infinities all have the sign of the intended ones. Such an output
+        is the mask again, not a birth: it carries the mask's record, as a view would, and
+        costs two reductions instead of a record's exact statistics (every step of a model
+        with a causal mask). An Inf of the other sign (`exp(-masked)`), a NaN (an all -inf
+        row through softmax) or a non-finite input with no record is a birth, recorded.
+        (Should the mask itself reach the loss, the report's root is where it was written.)"""
+        source = None
+        for t in _tensors_of((*args, *kwargs.values())):
+            record = self.records.get(t)
+            if record is None:
+                if t.is_floating_point() and not all_finite(t):
+                    return None
+                continue
+            if not record.facts.written_on_purpose or record.output is None or record.output.nan:
+                return None  # (a value made on an allowed line is accepted there, not a mask)
+            source = source or record
+        if source is None or source.output.posinf and source.output.neginf:
+            return None
+        # The max (min) is NaN when any element is, and +Inf (-Inf) when any element is.
+        masks_with = -math.inf if source.output.neginf else math.inf
+        extreme = (out.max() if masks_with < 0 else out.min()).item()
+        return source if extreme == extreme and extreme != -masks_with else None
 
     def phase(self, node, args) -> str:
         """The phase of an op running now (see TrainingState.phase)."""

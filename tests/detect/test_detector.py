@@ -456,3 +456,47 @@ class TestAllowedLines:
         d = detect(train).detection
         assert d is not None and d.reason is StopReason.LOSS
         assert d.root.facts.inf_written_at.line == line_of("bad = torch.log(w - 1)")
+
+
+class TestMasksPassedOn:
+    """A -inf mask added to the scores (what SDPA does with a float mask) is the mask again,
+    not a new Inf: its output carries the mask's record. Anything the op may have made of
+    its own (a NaN, an Inf of the other sign) is still a birth."""
+
+    @staticmethod
+    def causal_mask(n: int = 4) -> torch.Tensor:
+        return torch.zeros(n, n).masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
+
+    def test_a_mask_added_to_scores_is_carried_and_nothing_is_made(self):
+        def attend():
+            scores = torch.randn(2, 4, 4) + self.causal_mask()
+            read_back(torch.softmax(scores, -1))
+
+        result = detect(attend)
+        assert not result.stopped and result.detector.discarded() == []
+
+    def test_a_transformer_encoder_with_a_causal_mask_makes_nothing(self):
+        def train():
+            torch.manual_seed(0)
+            layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(5)
+            layer(torch.randn(3, 5, 16), src_mask=mask, is_causal=True).sum().backward()
+
+        result = detect(train)
+        assert not result.stopped and result.detector.discarded() == []
+
+    def test_near_miss_negating_the_mask_makes_a_plus_inf_of_its_own(self):
+        def use():
+            read_back(torch.exp(-(torch.randn(4, 4) + self.causal_mask())))
+
+        result = detect(use)
+        assert result.stopped and result.detection.root.op == "aten.neg.default"
+
+    def test_near_miss_an_inf_on_an_allowed_line_is_not_a_mask(self):
+        def metric():
+            bad = torch.log(torch.tensor([1.0, 0.0]))  # nandoctor: allow
+            print((bad * 2).tolist())
+
+        result = detect(metric)
+        [made] = [d for d in result.detector.discarded() if not d.allowed]
+        assert made.op == "aten.mul.Tensor"

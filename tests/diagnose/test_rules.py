@@ -359,3 +359,28 @@ def test_a_nan_copied_into_a_parameter_no_module_owns_is_described_by_its_shape(
     cause = cause_of(load)
     assert cause.id == "nonfinite_parameter"
     assert cause.explanation.startswith("A parameter of shape (3,) holds 1 NaN (of 3)")
+
+
+class TestMaskValueUsed:
+    def test_a_minus_inf_mask_summed_into_the_loss_is_a_mask_used_as_a_number(self):
+        w = torch.nn.Parameter(torch.randn(4, 4))
+        causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
+        cause = cause_of(lambda: w.masked_fill(causal, float("-inf")).sum().backward())
+        assert cause.id == "mask_value_used" and "torch.finfo" in cause.fix
+
+    def test_a_mask_added_to_the_scores_and_summed_is_the_same_cause(self):
+        w = torch.nn.Parameter(torch.randn(4, 4))
+        causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
+        cause = cause_of(lambda: (w + torch.zeros(4, 4).masked_fill(causal, float("-inf"))).sum().backward())
+        assert cause.id == "mask_value_used"
+
+    def test_near_miss_a_mask_added_to_the_scores_before_softmax_is_clean(self):
+        w = torch.nn.Parameter(torch.randn(4, 4))
+        causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
+        assert stays_clean(lambda: torch.softmax(w + torch.zeros(4, 4).masked_fill(causal, float("-inf")), -1).sum().backward())
+
+    def test_a_fully_masked_row_after_adding_the_mask_is_the_softmax_own_cause(self):
+        scores = torch.randn(2, 3)
+        padding = torch.tensor([[False, True, True], [True, True, True]])
+        cause = cause_of(lambda: torch.softmax(scores + torch.zeros(2, 3).masked_fill(padding, float("-inf")), -1))
+        assert cause.id == "inf_arithmetic" and "entirely -inf" in cause.title

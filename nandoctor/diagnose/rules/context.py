@@ -142,6 +142,25 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
     return None
 
 
+@context_rule
+def mask_value_used(ev: Evidence) -> Cause | None:
+    """The root wrote its non-finite value on purpose (`masked_fill(mask, -inf)`), and that
+    value itself reached the loss, a gradient or a read: no op made it by accident, so
+    neither overflow nor Inf arithmetic is the cause."""
+    if not ev.facts.written_on_purpose:
+        return None
+    return Cause(
+        "mask_value_used",
+        "a -inf written on purpose (a mask) was used as a number",
+        f"At {ev.where} ({ev.code}) `{ev.op}` writes {_bad(ev.output)} on purpose, as a mask is written. A mask's "
+        "-inf is meant to be consumed where it vanishes (softmax, max, `where`); here it reached the value the run "
+        "stopped at without passing through one: a sum or mean over masked positions, or a mask added to "
+        "something other than scores.",
+        "Reduce over the unmasked positions only (`x[~mask].sum()`, `x.masked_fill(mask, 0).sum()`), or write a "
+        "large finite negative value instead of -inf: `x.masked_fill(mask, torch.finfo(x.dtype).min)`.",
+    )
+
+
 def _bad(summary) -> str:
     if summary is None:
         return "non-finite values"
