@@ -16,7 +16,7 @@ import math
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nandoctor.detect.ops import OpKind, is_inplace, op_kind, writes_nonfinite_scalar
+from nandoctor.detect.ops import OpKind, cast_widens, is_inplace, op_kind, writes_nonfinite_scalar
 
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
@@ -82,6 +82,12 @@ class CheckingMode(TorchDispatchMode):
         if d.passive:
             return func(*args, **kwargs)
         kind = op_kind(func)
+        if kind is OpKind.CAST:
+            kind = OpKind.FINITE_PRESERVING if cast_widens(args, kwargs) else OpKind.CHECKED
+        if kind is OpKind.FINITE_PRESERVING:
+            # Its output can only be non-finite when an input is: checked when one holds a
+            # recorded non-finite value (a -inf mask into softmax), else not at all.
+            kind = OpKind.CHECKED if d.records and d.records.any_of(args) else OpKind.UNCHECKED
         node = _current_node()
         created = None
         if node is None:

@@ -11,6 +11,11 @@ The hot path costs one dict lookup per op to learn the op's kind:
 - PASSTHROUGH: views, copies, indexing, concatenation, fills: they cannot turn finite
   values into non-finite ones, so their outputs are not checked. When a non-finite tensor
   passes through one, the detector still carries its provenance over to the output.
+- FINITE_PRESERVING: ops whose output is finite whenever their inputs are (bounded maps such
+  as tanh and softmax, maps that never grow a value such as neg and gelu): checked only
+  when an input holds a recorded non-finite value, since only then can their output be
+  non-finite. CAST (`_to_copy`) is one of them when it widens (bfloat16 -> float32), and
+  checked when it narrows (float32 -> float16 overflows past 65504).
 - CHECKED: everything else that returns floating-point tensors; CHECKED_INPLACE for the
   in-place ones (`div_`, `add_`), whose `self` is kept as it was before the op when it is
   small enough to copy, so a report can show the values the op received.
@@ -32,6 +37,9 @@ class OpKind(enum.Enum):
     UNINITIALISED = "uninitialised"
     READ = "read"  # a value copied to Python (`.item()`, `float(t)`): the script reads it back
     ENTRY = "entry"  # a tensor made from Python data (`torch.tensor([...])`): values enter torch
+    FINITE_PRESERVING = "finite_preserving"  # finite inputs give a finite output
+    CAST = "cast"  # finite-preserving when it widens the dtype's range, else checked
+    UNCHECKED = "unchecked"  # a finite-preserving op whose inputs hold no recorded value: nothing to do
 
 
 _UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
@@ -63,6 +71,16 @@ FILL_OPS = {"full", "full_like", "new_full", "fill", "fill_", "masked_fill", "ma
             "scalar_tensor", "where", "index_put", "index_put_", "scatter", "scatter_",
             "constant_pad_nd", "clamp", "clamp_min", "clamp_max", "maximum", "minimum"}
 
+# Finite inputs always give a finite output: bounded (tanh, sigmoid, softmax), or never
+# larger in magnitude than the input (neg, abs, gelu, silu). Not `exp`, not a product, not
+# a backward formula (a gradient times a factor can overflow), not layer norm (eps=0).
+_FINITE_PRESERVING = {
+    "neg", "abs", "sign", "sgn", "tanh", "sigmoid", "sin", "cos", "erf", "gelu", "silu", "mish", "hardtanh",
+    "hardsigmoid", "hardswish", "softsign", "_softmax", "_safe_softmax", "_log_softmax", "logsigmoid",
+}
+# Floating dtypes by range: a cast to a dtype of at least the same range keeps finite values finite.
+_RANGE_RANK = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
+
 _READS = {"_local_scalar_dense"}
 _ENTRIES = {"lift_fresh", "lift_fresh_copy"}
 
@@ -93,7 +111,18 @@ def _classify(func) -> OpKind:
         return OpKind.ENTRY
     if name in _PASSTHROUGH or getattr(func, "is_view", False):
         return OpKind.PASSTHROUGH
+    if name in _FINITE_PRESERVING:
+        return OpKind.FINITE_PRESERVING
+    if name == "_to_copy":
+        return OpKind.CAST
     return OpKind.CHECKED_INPLACE if is_inplace(func) and not name.startswith("_foreach_") else OpKind.CHECKED
+
+
+def cast_widens(args, kwargs) -> bool:
+    """`_to_copy` to a dtype whose range holds the input's (or to no other dtype)."""
+    source = args[0].dtype if args and isinstance(args[0], torch.Tensor) else None
+    target = kwargs.get("dtype") or source
+    return target == source or _RANGE_RANK.get(source, 99) <= _RANGE_RANK.get(target, -1)
 
 
 def op_name(func) -> str:

@@ -52,6 +52,7 @@ class SourceLocator:
 
     def __init__(self, display_root: str | None = None, main_file: str | None = None, main_display: str | None = None):
         self._is_user: dict[types.CodeType, bool] = {}
+        self._is_installed: dict[types.CodeType, bool] = {}
         self._display_root = display_root or os.getcwd()
         self._main_file = main_file
         self._main_display = main_display
@@ -88,11 +89,17 @@ class SourceLocator:
             code = frame.f_code
             if self._user_code(code):
                 return None
-            filename = code.co_filename
-            if not filename.startswith("<") and _is_installed(os.path.realpath(filename)):
+            if self._installed_code(code):
                 return code, frame.f_lineno
             frame = frame.f_back
         return None
+
+    def _installed_code(self, code: types.CodeType) -> bool:
+        known = self._is_installed.get(code)
+        if known is None:  # (realpath is a system call per path component: once per code object)
+            filename = code.co_filename
+            known = self._is_installed[code] = not filename.startswith("<") and _is_installed(os.path.realpath(filename))
+        return known
 
     def user_frame_inside_backward(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
         """(code, line) of the user's own code running inside backward — a custom

@@ -83,6 +83,16 @@ class RecordTable:
             return None
         return record
 
+    def any_of(self, args) -> bool:
+        """Does any tensor in `args` (lists of tensors included) have a record?"""
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if self.get(a) is not None:
+                    return True
+            elif isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) and self.get(t) is not None for t in a):
+                return True
+        return False
+
     def forget(self, t: torch.Tensor) -> None:
         """A tensor was overwritten in place with finite values (e.g. masked_fill_ of the Infs)."""
         key = storage_key(t)

@@ -28,3 +28,57 @@ def test_a_zero_d_tensor_an_op_made_non_finite_is_carried_through_where_not_writ
     assert found.stopped
     assert found.detection.root.op == "aten.div.Tensor"
     assert not found.detection.root.facts.inf_written_at
+
+
+def test_a_minus_inf_scalar_tensor_that_was_written_on_purpose_stays_a_mask_through_where():
+    # nn.MultiheadAttention builds its float mask as where(causal, scalar_tensor(-inf), 0).
+    from nandoctor.detect.ops import writes_nonfinite_scalar
+
+    minus_inf = torch.tensor(float("-inf"))
+    mask_record = type("Rec", (), {"intended": True})()
+    made_record = type("Rec", (), {"intended": False})()
+    args = (torch.ones(2, dtype=torch.bool), minus_inf, torch.tensor(0.0))
+    assert writes_nonfinite_scalar(torch.ops.aten.where.self, args, {}, lambda t: mask_record if t is minus_inf else None)
+    assert not writes_nonfinite_scalar(torch.ops.aten.where.self, args, {}, lambda t: made_record if t is minus_inf else None)
+
+
+def test_finite_preserving_ops_and_widening_casts_are_decided_once_and_narrowing_casts_are_checked():
+    from nandoctor.detect.ops import OpKind, cast_widens, op_kind
+
+    aten = torch.ops.aten
+    assert op_kind(aten.tanh.default) is OpKind.FINITE_PRESERVING
+    assert op_kind(aten._softmax.default) is OpKind.FINITE_PRESERVING
+    assert op_kind(aten.exp.default) is OpKind.CHECKED  # exp(89) overflows float32
+    assert op_kind(aten.gelu_backward.default) is OpKind.CHECKED  # a gradient times a factor can overflow
+    assert op_kind(aten._to_copy.default) is OpKind.CAST
+    bf16 = torch.ones(2, dtype=torch.bfloat16)
+    assert cast_widens((bf16,), {"dtype": torch.float32})
+    assert cast_widens((torch.ones(2),), {})  # a device copy, same dtype
+    assert not cast_widens((torch.ones(2),), {"dtype": torch.float16})  # 70000.0 -> inf
+
+
+def test_a_narrowing_cast_that_overflows_float16_is_the_root():
+    def cast():
+        read_back(torch.tensor([70000.0, 1.0]).mul(2).half())
+
+    found = detect(cast)
+    assert found.stopped and found.detection.root.op == "aten._to_copy.default"
+
+
+def test_a_finite_preserving_op_over_a_recorded_mask_is_still_checked():
+    # softmax of finite values is finite; of an all -inf row it is NaN: that row is the root.
+    def attention():
+        padding = torch.tensor([[False, True], [True, True]])
+        read_back(torch.softmax(torch.randn(2, 2).masked_fill(padding, float("-inf")), -1))
+
+    found = detect(attention)
+    assert found.stopped and found.detection.root.op == "aten._softmax.default"
+
+
+def test_near_miss_a_widening_cast_of_a_recorded_nan_carries_it_to_the_root():
+    def upcast():
+        half = torch.log(torch.tensor([-1.0, 1.0])).bfloat16()
+        read_back(half.float())
+
+    found = detect(upcast)
+    assert found.stopped and found.detection.root.op == "aten.log.default"
