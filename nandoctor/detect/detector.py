@@ -15,8 +15,12 @@ When it stops, it raises `NonFiniteFound` into the script and `finding()` gives 
 """
 from __future__ import annotations
 
+# `_signal`: `signal`'s own functions, without the wrappers that turn handlers into enums
+# (through `signal`, getsignal() costs 6 us, a failed enum lookup; here 0.02 us).
+import _signal
 import math
 import os
+import threading
 import weakref
 
 import torch
@@ -55,6 +59,42 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
+
+
+class _InterruptHeld:
+    """`with _InterruptHeld():` a Ctrl-C that comes during the block takes effect when it ends.
+
+    Python runs SIGINT's handler between two bytecodes of the main thread, anywhere, and
+    putting the per-op mode on torch's mode stack or taking it off
+    (TorchDispatchMode.__enter__/__exit__) takes several: interrupted halfway, the mode's
+    saved flags and torch's stack disagree, and the pop at the end of the run fails
+    (IndexError, "trying to pop from empty mode stack") instead of the run ending with the
+    user's KeyboardInterrupt, exit 130 and its report. So for the block SIGINT's handler
+    (python's, or one the script installed) is swapped for one that only notes the signal,
+    and is called when the block is done, with everything consistent. Where python has no
+    handler (SIGINT ignored, or default) and off the main thread (handlers only run there),
+    nothing changes. Written as a class, not contextlib, so that a KeyboardInterrupt raised
+    here shows no frame that is not the user's or nandoctor's (which the runner trims)."""
+
+    __slots__ = ("frame", "held", "previous")
+
+    def __enter__(self) -> "_InterruptHeld":
+        self.previous, self.frame, self.held = None, None, False
+        if threading.current_thread() is threading.main_thread():
+            previous = _signal.getsignal(_signal.SIGINT)
+            if callable(previous):
+                self.previous = previous
+                _signal.signal(_signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self.held, self.frame = True, frame
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            _signal.signal(_signal.SIGINT, self.previous)
+            if self.held:
+                self.previous(_signal.SIGINT, self.frame)
 
 
 class Detector(Observer):
@@ -97,10 +137,11 @@ class Detector(Observer):
     # -- lifecycle ---------------------------------------------------------------------
 
     def __enter__(self) -> "Detector":
-        self.modules.install()
-        self._hooks.install()
-        self.mode.__enter__()
-        self._suspended = False
+        with _InterruptHeld():  # see _InterruptHeld: a Ctrl-C here comes once all is in place
+            self.modules.install()
+            self._hooks.install()
+            self.mode.__enter__()
+            self._suspended = False
         _RUNNING.add(self)
         return self
 
@@ -114,23 +155,26 @@ class Detector(Observer):
     def __exit__(self, *exc) -> None:
         _RUNNING.discard(self)
         self.passive = True
-        if not self._suspended:
-            self.mode.__exit__(None, None, None)
-        self._hooks.uninstall()
-        self.modules.uninstall()
+        with _InterruptHeld():  # ...and here once all is undone
+            if not self._suspended:
+                self.mode.__exit__(None, None, None)
+            self._hooks.uninstall()
+            self.modules.uninstall()
 
     def _suspend(self) -> None:
         """Take the per-op mode off the stack (optimizer step, data loading): these phases
         are checked at their boundary instead, which is what makes trace mode cheap there.
         Only done when ours is the innermost mode, so a user's own mode is never disturbed."""
         if not self._suspended and _get_current_dispatch_mode() is self.mode:
-            self.mode.__exit__(None, None, None)
-            self._suspended = True
+            with _InterruptHeld():  # see _InterruptHeld: off the stack entirely, or not at all
+                self.mode.__exit__(None, None, None)
+                self._suspended = True
 
     def _resume(self) -> None:
         if self._suspended:
-            self._suspended = False
-            self.mode.__enter__()
+            with _InterruptHeld():
+                self._suspended = False
+                self.mode.__enter__()
 
     class _Internal:
         def __init__(self, detector: "Detector") -> None:
