@@ -98,11 +98,16 @@ for step in range(5):
 
 def test_ctrl_c_in_the_scripts_own_code_shows_its_line(tmp_path, script):
     source = TRAIN.format(setup="", step_2="if step == 2:\n        signal.raise_signal(signal.SIGINT)")
+    assert_interrupted_at_step_2(tmp_path, script, source, shown_line="signal.raise_signal")
+
+
+def assert_interrupted_at_step_2(tmp_path, script, source: str, shown_line: str) -> None:
+    """`nandoctor run` of `source` ends interrupted at step 2, its traceback at the line
+    holding `shown_line`."""
     script("train.py", source)
     result = run_nandoctor(["run", "train.py"], tmp_path)
-
     assert_interrupted(result.code, result.stderr, result.report)
-    assert f'train.py", line {line_of(source, "signal.raise_signal")}, in <module>\n' in result.stderr
+    assert f'train.py", line {line_of(source, shown_line)}, in <module>\n' in result.stderr
     assert result.report["step"] == 2
 
 
@@ -137,12 +142,7 @@ def tracer(frame, event, arg):
 def test_ctrl_c_while_nandoctor_switches_its_mode_ends_the_run_as_anywhere_else(tmp_path, script, where, event):
     source = TRAIN.format(setup=MODE_SWITCH.format(where=where, event=event),
                           step_2="if step == 2:\n        sys.settrace(tracer)")
-    script("train.py", source)
-    result = run_nandoctor(["run", "train.py"], tmp_path)
-
-    assert_interrupted(result.code, result.stderr, result.report)
-    assert f'train.py", line {line_of(source, "opt.step()")}, in <module>\n' in result.stderr
-    assert result.report["step"] == 2
+    assert_interrupted_at_step_2(tmp_path, script, source, shown_line="opt.step()")
 
 
 IGNORED = """\
