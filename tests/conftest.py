@@ -18,6 +18,13 @@ import pytest  # noqa: E402
 from helpers import session_lock  # noqa: E402
 
 
+def pytest_collection_modifyitems(items):
+    """The public cases first. pytest-xdist hands each worker a first batch of consecutive
+    tests, so one worker gets all of them and runs the scorer (once for the session, see
+    helpers.once_per_session) while the others run other tests, instead of waiting for it."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/test_public_cases.py"))
+
+
 @pytest.fixture(autouse=True)
 def _one_torchrun_at_a_time(request, tmp_path_factory):
     """Tests marked `distributed` launch torchrun, whose ranks meet on its default port

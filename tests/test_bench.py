@@ -14,6 +14,8 @@ RATIO = r"(\d+\.\d+)x"
 
 
 def run_bench(*args: str) -> str:
+    # A real process: a benchmark times and measures processes it starts itself, so most of
+    # each test's time is their start (python, torch, nandoctor), whatever the steps.
     proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout

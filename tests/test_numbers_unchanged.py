@@ -34,7 +34,7 @@ def plain(tmp_path_factory) -> dict:
     """The parameters the script ends with under plain python: one run for every mode (and
     every xdist worker, see helpers.once_per_session)."""
 
-    def run_plain() -> str:
+    def run_plain() -> str:  # a real `python`: the reference, nothing of nandoctor's loaded
         folder = tmp_path_factory.mktemp("plain")
         (folder / "train.py").write_text(TRAIN)
         subprocess.run([sys.executable, "train.py", "plain.pt"], cwd=folder, check=True, timeout=180)

@@ -1,7 +1,10 @@
 """The public cases in ../shared/cases, scored by the project's own scorer as CI would.
 
 The scorer runs once per test session (all cases, two at a time), also under pytest-xdist
-(see helpers.once_per_session); each case is then its own test. Cases
+(see helpers.once_per_session); each case is then its own test. The scorer starts each
+`python -m nandoctor run` through its `--nandoctor` option as a client of the test
+process's fork server (see helpers.ForkServer.command), which has imported torch once.
+Cases
 that nandoctor still gets wrong are listed in KNOWN_MISSES with the issue that tracks
 them, as strict expected failures: a listed case that starts passing fails this test
 until it is taken off the list, and any other case that fails is a regression.
@@ -9,6 +12,7 @@ until it is taken off the list, and any other case that fails is a regression.
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import ATAN2_NAN_AT_ORIGIN, ATAN2_REASON, HEALTHY_ONLY_WITH_ATAN2_FIX
 
-from helpers import once_per_session
+from helpers import nandoctor_server, once_per_session
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 SCORER = SHARED / "tools" / "score_cases.py"
@@ -28,8 +32,9 @@ pytestmark = pytest.mark.skipif(not SCORER.exists(), reason="../shared is not be
 
 
 def score_all() -> dict[str, str]:
+    nandoctor = shlex.join(nandoctor_server().command(["-m", "nandoctor"]))
     proc = subprocess.run(
-        [sys.executable, str(SCORER), str(SHARED / "cases"), "--nandoctor", f"{sys.executable} -m nandoctor"],
+        [sys.executable, str(SCORER), str(SHARED / "cases"), "--nandoctor", nandoctor],
         capture_output=True, text=True, timeout=1200,
     )
     return {"stdout": proc.stdout, "stderr": proc.stderr}

@@ -1,7 +1,9 @@
 """The pytest plugin: `pytest --nandoctor` fails a test at the op that made a NaN/Inf.
 
 Each case runs a real pytest in a subprocess (pytester), loading the plugin with
-`-p nandoctor.pytest_plugin` as a project without the installed entry point would.
+`-p nandoctor.pytest_plugin` as a project without the installed entry point would. A real
+one, not forked from helpers' server: what the plugin imports, and PYTHONPATH's entry
+points, are part of what is tested.
 """
 from __future__ import annotations
 

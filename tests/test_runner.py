@@ -29,6 +29,7 @@ PROBE = textwrap.dedent(
 
 
 def _python(args, cwd):
+    """What a real `python ARGS` gives: the reference, never forked from a server."""
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120).stdout
 
 

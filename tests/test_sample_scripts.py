@@ -8,9 +8,10 @@ ordinary training scripts.
 Both runs are processes forked from a server that has already imported torch (and, for
 nandoctor's, nandoctor's command line), see helpers.ForkServer: importing them is most of
 the cost of running a sample, and is paid once per test process instead of once per run.
-The torch._dynamo that an optimizer's first step imports is preloaded for plain python
-only: under nandoctor that import happens during the run, as it does for a user.
-`test_a_forked_run_is_the_run_python_gives` checks that a forked run is the run.
+nandoctor's server is the one helpers.run_nandoctor forks every test's runs from. The
+torch._dynamo that an optimizer's first step imports is preloaded for plain python only:
+under nandoctor that import happens during the run, as it does for a user.
+`test_a_forked_*_run_is_the_run_python*_gives` check that a forked run is the run.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import pytest
 import yaml
 from helpers import ATAN2_NAN_AT_ORIGIN, ATAN2_REASON, HEALTHY_ONLY_WITH_ATAN2_FIX
 
-from helpers import ForkServer
+from helpers import ForkServer, nandoctor_server
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_scripts"
 EXPECTATIONS: dict[str, dict] = yaml.safe_load((SAMPLES / "expectations.yaml").read_text())
@@ -52,26 +53,24 @@ def workdir(tmp_path: Path) -> Path:
 
 
 PLAIN_PRELOAD = ["torch", "torch._dynamo"]  # what a sample imports, and an optimizer's first step
-NANDOCTOR_PRELOAD = ["nandoctor.cli", "nandoctor.session"]  # `nandoctor run` imports torch through session
 
 
 @pytest.fixture(scope="session")
-def plain_python(tmp_path_factory):
-    server = ForkServer(PLAIN_PRELOAD, tmp_path_factory.mktemp("plain_python"), TIMEOUT_S)
+def plain_python():
+    server = ForkServer(PLAIN_PRELOAD, TIMEOUT_S)
     yield server
     server.close()
 
 
 @pytest.fixture(scope="session")
-def nandoctor_python(tmp_path_factory):
-    server = ForkServer(NANDOCTOR_PRELOAD, tmp_path_factory.mktemp("nandoctor_python"), TIMEOUT_S)
-    yield server
-    server.close()
+def nandoctor_python() -> ForkServer:
+    """helpers.NANDOCTOR_PRELOAD: `nandoctor run` imports torch through nandoctor.session."""
+    return nandoctor_server()
 
 
 def run_nandoctor(server: ForkServer, script: str, cwd: Path) -> tuple[subprocess.CompletedProcess, dict | None]:
     report_path = cwd.parent / "r.json"
-    proc = server.run(["-m", "nandoctor", "run", "--json", str(report_path), script], cwd)
+    proc = server.run(["-m", "nandoctor", "run", "--json", str(report_path), script], cwd, timeout=TIMEOUT_S)
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     return proc, report
 
@@ -140,14 +139,16 @@ def test_script_runs_under_plain_python(script: str, workdir: Path, plain_python
         assert not re.search(r"\b(nan|inf)\b", proc.stdout), proc.stdout[-3000:]
 
 
-# What the forked runs rely on. A plain run sees what `python SCRIPT` gives it, ends with
-# the script's status, its output, an uncaught exception's traceback, atexit handlers,
-# non-daemon threads and unclosed files flushed, and has nothing of nandoctor's loaded.
+# What the forked runs rely on. A plain run sees what `python SCRIPT` gives it (`python -c
+# CODE` too), its environment the one it was given, ends with the script's status, its
+# output, an uncaught exception's traceback, atexit handlers, non-daemon threads and
+# unclosed files flushed, and has nothing of nandoctor's loaded.
 PROBES = {
     "probe.py": """\
 import json, os, sys
 print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
                   "file": __file__, "main": sys.modules["__main__"].__file__, "stdin": sys.stdin.read(),
+                  "globals": sorted(globals()), "environ": dict(os.environ),
                   "nandoctor": [m for m in sys.modules if m.startswith("nandoctor")]}))
 print("to stderr", file=sys.stderr)
 """,
@@ -163,9 +164,17 @@ raise SystemExit("a message")
 }
 
 
-def real_run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+# `python -c CODE`, as the tests run a snippet: what it sees, and a syntax error's message.
+PROBE_C = """\
+import json, os, sys
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
+                  "loader": repr(__loader__), "globals": sorted(globals()), "probe": os.environ.get("PROBE")}))
+"""
+
+
+def real_run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=TIMEOUT_S)
+                          stdin=subprocess.DEVNULL, timeout=TIMEOUT_S, env=env)
 
 
 def test_a_forked_plain_run_is_the_run_python_gives(tmp_path, plain_python: ForkServer):
@@ -181,6 +190,13 @@ def test_a_forked_plain_run_is_the_run_python_gives(tmp_path, plain_python: Fork
         assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
         assert forked_file == (unclosed.exists() and unclosed.read_text())
         results[name], files[name] = forked, forked_file
+    for argv in (["-c", PROBE_C, "an arg"], ["-c", "x = (\n"]):
+        env = dict(os.environ, PROBE="given")
+        forked, real = plain_python.run(argv, tmp_path, env=env), real_run(argv, tmp_path, env=env)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
+        results[argv[1]] = forked
+    assert json.loads(results[PROBE_C].stdout)["probe"] == "given"
+    assert results["x = (\n"].returncode == 1 and "SyntaxError" in results["x = (\n"].stderr
     assert json.loads(results["probe.py"].stdout)["nandoctor"] == []
     assert (results["probe.py"].returncode, results["probe.py"].stderr) == (0, "to stderr\n")
     assert (results["exits.py"].returncode, results["exits.py"].stdout) == (7, "atexit ran\n")
@@ -198,7 +214,7 @@ def test_a_forked_nandoctor_run_is_the_run_python_m_nandoctor_gives(workdir, nan
     (workdir / "probe.py").write_text(PROBES["probe.py"])
     for script in ("siamese_contrastive_sqrt.py", "probe.py"):
         argv = ["-m", "nandoctor", "run", "--json", "r.json", script]
-        forked = nandoctor_python.run(argv, workdir)
+        forked = nandoctor_python.run(argv, workdir, timeout=TIMEOUT_S)
         forked_report = json.loads((workdir / "r.json").read_text())
         (workdir / "r.json").unlink()
         real = real_run(argv, workdir)

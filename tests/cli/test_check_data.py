@@ -1,23 +1,23 @@
 """`python -m nandoctor check-data ...` end to end: exit statuses, output, the JSON report."""
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 BLACK_MASK = ROOT.parent / "shared" / "cases" / "black_mask_dataset" / "train.py"
 
 
 def nandoctor(*args, cwd):
+    """`python -m nandoctor check-data ARGS`, forked from the test process's server (see
+    helpers.run_python, whose nandoctor is this checkout's, as PYTHONPATH makes it here)."""
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "COLUMNS")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "nandoctor", "check-data", *map(str, args)],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return run_python(["-m", "nandoctor", "check-data", *map(str, args)], cwd, env=env, timeout=300)
 
 
 def test_clean_folder_exits_0_and_writes_a_clean_report(tmp_path):
@@ -126,7 +126,8 @@ def test_checkpoints_torch_warns_about_leave_stderr_empty(tmp_path):
         "torch.save({'c': torch.ones(3, dtype=torch.complex32)}, 'half_complex.pt')\n"
         "torch.save({'n': torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, 'nested.pt')\n"
     )
-    subprocess.run([sys.executable, "-c", maker], cwd=tmp_path, check=True)
+    made = run_python(["-c", maker], tmp_path)
+    assert made.returncode == 0, made.stderr
     result = nandoctor(".", "--workers", "2", cwd=tmp_path)
     assert "UserWarning" not in result.stderr
     assert result.stderr == ""
@@ -148,7 +149,8 @@ def test_malicious_checkpoint_exits_3_without_running_its_code(tmp_path):
         "        return (open, ('pwned', 'w'))\n"
         "torch.save({'model': Evil()}, 'evil.pt')\n"
     )
-    subprocess.run([sys.executable, "-c", maker], cwd=tmp_path, check=True)
+    made = run_python(["-c", maker], tmp_path)
+    assert made.returncode == 0, made.stderr
     result = nandoctor("evil.pt", "--json", "r.json", cwd=tmp_path)
     assert result.returncode == 3
     assert json.loads((tmp_path / "r.json").read_text())["problems"][0]["check"] == "unreadable"
@@ -189,10 +191,10 @@ def test_github_annotations_are_capped_by_the_config(tmp_path):
     for i in range(4):
         np.save(tmp_path / f"bad{i}.npy", np.array([np.nan, 1.0]))
     (tmp_path / "cfg.yaml").write_text("ci:\n  max_annotations: 2\n")
-    env_result = subprocess.run(
-        [sys.executable, "-m", "nandoctor", "check-data", "--config", "cfg.yaml", "."], cwd=tmp_path,
+    env_result = run_python(
+        ["-m", "nandoctor", "check-data", "--config", "cfg.yaml", "."], tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": "summary.md"},
-        capture_output=True, text=True, timeout=300)
+        timeout=300)
     assert env_result.returncode == 3
     annotations = [line for line in env_result.stdout.splitlines() if line.startswith("::error file=")]
     assert len(annotations) == 2
