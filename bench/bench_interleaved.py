@@ -40,8 +40,8 @@ CHECKERS = {
 }
 
 
-def block(step, steps: int, checker: str | None) -> float:
-    context = CHECKERS[checker]() if checker else nullcontext()
+def block(step, steps: int, checker: str | None, checkers=CHECKERS) -> float:
+    context = checkers[checker]() if checker else nullcontext()
     with context:
         start = time.perf_counter()
         for _ in range(steps):
@@ -49,7 +49,7 @@ def block(step, steps: int, checker: str | None) -> float:
         return time.perf_counter() - start
 
 
-def bench_model(name: str, rounds: int, block_s: float) -> dict[str, list[float]]:
+def bench_model(name: str, rounds: int, block_s: float, checkers=CHECKERS) -> dict[str, list[float]]:
     torch.manual_seed(0)
     with Detector(load_config().run):  # as in a script: torch.compile is called under nandoctor
         model, opt, loss_fn = models.MODELS[name]()
@@ -59,20 +59,20 @@ def bench_model(name: str, rounds: int, block_s: float) -> dict[str, list[float]
         loss_fn().backward()
         opt.step()
 
-    for checker in [None, *CHECKERS]:  # warm every path: allocator, kernels, caches
-        block(step, 5, checker)
+    for checker in [None, *checkers]:  # warm every path: allocator, kernels, caches
+        block(step, 5, checker, checkers)
     start = time.perf_counter()
     block(step, 5, None)
     steps = max(2, round(block_s / ((time.perf_counter() - start) / 5)))
     gc.collect()
     gc.freeze()
-    ratios: dict[str, list[float]] = {c: [] for c in CHECKERS}
-    names = list(CHECKERS)
+    ratios: dict[str, list[float]] = {c: [] for c in checkers}
+    names = list(checkers)
     for round_number in range(rounds):
         shift = round_number % len(names)
         before = block(step, steps, None)
         for checker in names[shift:] + names[:shift]:
-            checked = block(step, steps, checker)
+            checked = block(step, steps, checker, checkers)
             after = block(step, steps, None)
             ratios[checker].append(checked / ((before + after) / 2))
             before = after

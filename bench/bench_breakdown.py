@@ -1,0 +1,79 @@
+"""Where trace mode's cost goes, measured the way bench_interleaved.py measures it.
+
+    python bench/bench_breakdown.py [--rounds 9] [--models transformer gpt ...]
+
+Three dispatch modes run interleaved with plain blocks, each a layer of what trace mode
+does per op:
+
+- `empty_mode`: a TorchDispatchMode that only calls the op. What any per-op Python
+  checker pays before it checks anything (torch calling into Python for every op,
+  optimizer ops included: trace mode leaves those out, so this can exceed trace).
+- `sum_every_op`: the same, plus `out.sum().item()` on every float output: the cheapest
+  exact finiteness check, on every op with no skipping.
+- `trace`: nandoctor's detector (what `--mode trace` runs): ops that cannot make a NaN
+  skipped, the sum check on the rest, the forward line of each autograd node, module
+  names, a -inf mask's record carried, the training boundaries.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench_interleaved  # noqa: E402
+import models  # noqa: E402
+
+
+class EmptyMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as nandoctor's mode: no torch._disable_dynamo wrapper per op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class SumEveryOp(EmptyMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
+            math.isfinite(out.sum().item())
+        return out
+
+
+LAYERS = {
+    "empty_mode": EmptyMode,
+    "sum_every_op": SumEveryOp,
+    "trace": bench_interleaved.CHECKERS["trace"],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # Not the compiled model: under a plain dispatch mode torch.compile runs nothing
+    # compiled (and traces the mode's handler), so its layers would measure another program.
+    ap.add_argument("--models", nargs="+", default=[m for m in models.MODELS if m != "compiled"])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--block-s", type=float, default=0.25, help="seconds of plain training per block")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    print(f"in-process, interleaved blocks of ~{args.block_s}s, {args.rounds} rounds, torch threads 1, one CPU")
+    print(f"{'model':<12}" + "".join(f"{c:>16}" for c in LAYERS) + "   (median ratio to the plain blocks around it)")
+    for name in args.models:
+        ratios = bench_interleaved.bench_model(name, args.rounds, args.block_s, LAYERS)
+        print(f"{name:<12}" + "".join(f"{statistics.median(v):15.2f}x" for v in ratios.values()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
