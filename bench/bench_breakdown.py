@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -65,15 +63,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--block-s", type=float, default=0.25, help="seconds of plain training per block")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    print(f"in-process, interleaved blocks of ~{args.block_s}s, {args.rounds} rounds, torch threads 1, one CPU")
-    print(f"{'model':<12}" + "".join(f"{c:>16}" for c in LAYERS) + "   (median ratio to the plain blocks around it)")
-    for name in args.models:
-        ratios = bench_interleaved.bench_model(name, args.rounds, args.block_s, LAYERS)
-        print(f"{name:<12}" + "".join(f"{statistics.median(v):15.2f}x" for v in ratios.values()), flush=True)
-
+    bench_interleaved.print_table(LAYERS, args.models, args.rounds, args.block_s)
 
 if __name__ == "__main__":
     main()

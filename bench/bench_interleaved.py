@@ -92,18 +92,22 @@ def main() -> None:
     ap.add_argument("--block-s", type=float, default=0.25, help="seconds of plain training per block")
     ap.add_argument("--verbose", action="store_true", help="print every round's ratio")
     args = ap.parse_args()
+    print_table(CHECKERS, args.models, args.rounds, args.block_s, args.verbose)
+
+
+def print_table(checkers, model_names, rounds: int, block_s: float, verbose: bool = False) -> None:
+    """One thread on one CPU (the least noise), then a row of median ratios per model."""
     torch.set_num_threads(1)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    print(f"in-process, interleaved blocks of ~{args.block_s}s, {args.rounds} rounds, torch threads 1, one CPU")
-    print(f"{'model':<12}" + "".join(f"{c:>16}" for c in CHECKERS) + "   (median ratio to the plain blocks around it)")
-    for name in args.models:
-        ratios = bench_model(name, args.rounds, args.block_s)
-        if args.verbose:
+    print(f"in-process, interleaved blocks of ~{block_s}s, {rounds} rounds, torch threads 1, one CPU")
+    print(f"{'model':<12}" + "".join(f"{c:>16}" for c in checkers) + "   (median ratio to the plain blocks around it)")
+    for name in model_names:
+        ratios = bench_model(name, rounds, block_s, checkers)
+        if verbose:
             for checker, values in ratios.items():
                 print(f"  {name} {checker}: " + " ".join(f"{v:.3f}" for v in values))
         print(f"{name:<12}" + "".join(f"{statistics.median(v):15.2f}x" for v in ratios.values()), flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -39,7 +39,7 @@ FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD
 
 # About 1.5 s of loop each on a 2-core VM: long enough to time, short enough that the two
 # runs of a pair see the same machine.
-DEFAULT_STEPS = {"mlp": 250, "cnn": 50, "transformer": 30, "loader": 500}
+DEFAULT_STEPS = {"mlp": 250, "cnn": 50, "transformer": 30, "loader": 500, "gpt": 50, "compiled": 250}
 RUNNERS = {
     "plain": lambda script, args: [sys.executable, script, *args],
     "detect_anomaly": lambda script, args: [sys.executable, script, *args, "--anomaly"],

@@ -82,3 +82,13 @@ def test_the_breakdown_bench_prints_a_ratio_per_layer_of_the_cost():
     assert header.split()[1:4] == ["empty_mode", "sum_every_op", "trace"]
     ratios = [float(r) for r in re.findall(RATIO, row)]
     assert len(ratios) == 3 and all(math.isfinite(r) and r > 0 for r in ratios)
+
+
+def test_the_overhead_bench_knows_how_long_to_run_every_model():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import bench_overhead
+        import models
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert set(bench_overhead.DEFAULT_STEPS) == set(models.MODELS)
