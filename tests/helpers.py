@@ -89,35 +89,31 @@ class CliResult:
     report: dict | None
 
 
-def run_python(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 180,
-               fresh_process: bool = False) -> subprocess.CompletedProcess:
+def run_python(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
+               timeout: float = 180) -> subprocess.CompletedProcess:
     """What `subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
     text=True, stdin=subprocess.DEVNULL, timeout=timeout)` gives, for `-m nandoctor ...`
     (or `-c CODE`) forked from this process's nandoctor fork server (see ForkServer), which
     has imported torch and nandoctor's command line once: most of a run's cost otherwise.
 
-    `fresh_process=True` starts a real python instead, for a run whose environment must act
-    on what is read as the preloaded modules are imported. Some tests start real processes
-    on purpose: those that compare a forked run with a real one (test_sample_scripts.py),
-    the console script, `nandoctor --version` not importing torch, Ctrl-C and other signals
-    (Popen), torchrun launches, pytest subprocesses (pytester), the benchmarks, and the
-    plain `python` runs that a nandoctor run is compared with."""
-    if fresh_process:
-        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout)
+    Some tests start real processes on purpose: those that compare a forked run with a real
+    one (test_sample_scripts.py), the console script, `nandoctor --version` not importing
+    torch, Ctrl-C and other signals (Popen), torchrun launches, pytest subprocesses
+    (pytester), the benchmarks, and the plain `python` runs that a nandoctor run is compared
+    with. A run whose environment must act on what is read as the preloaded modules are
+    imported needs one too."""
     return nandoctor_server().run(argv, cwd, env=dict(os.environ) if env is None else env, timeout=timeout)
 
 
-def run_nandoctor(args: list[str], cwd: Path, json_name: str | None = "report.json", env=None, timeout=180,
-                  fresh_process: bool = False) -> CliResult:
+def run_nandoctor(args: list[str], cwd: Path, json_name: str | None = "report.json", env=None,
+                  timeout=180) -> CliResult:
     """`python -m nandoctor ARGS` as a user would run it (see run_python); `--json` is added
     when json_name is set. `env` adds to this process's environment, less GITHUB_ACTIONS
     unless `env` sets it."""
     json_args = ["--json", str(cwd / json_name)] if json_name and args and args[0] == "run" else []
     full_env = dict(os.environ, **(env or {}))
     full_env.pop("GITHUB_ACTIONS", None) if not (env and "GITHUB_ACTIONS" in env) else None
-    proc = run_python(["-m", "nandoctor", args[0], *json_args, *args[1:]], cwd, env=full_env, timeout=timeout,
-                      fresh_process=fresh_process)
+    proc = run_python(["-m", "nandoctor", args[0], *json_args, *args[1:]], cwd, env=full_env, timeout=timeout)
     report = None
     if json_name and (cwd / json_name).exists():
         report = json.loads((cwd / json_name).read_text())

@@ -138,7 +138,7 @@ def is_inplace(func) -> bool:
 def writes_nonfinite_scalar(func, args, kwargs, recorded=lambda t: None) -> bool:
     """True when a fill-like op was handed a non-finite Python number (e.g. -inf for a mask),
     or a 0-d tensor holding one. A 0-d tensor that a checked op made non-finite
-    (`recorded(t)` is its record, not an intended one) is not written on purpose: it is
+    (`recorded(t)` is its record, not one written on purpose) is not written on purpose: it is
     carried on (Keras's `divide_no_nan` is a `where` over a non-finite loss). One that was
     itself written on purpose is: `where(causal, scalar_tensor(-inf), 0)` is how
     nn.MultiheadAttention builds its float mask on every call."""
@@ -148,8 +148,12 @@ def writes_nonfinite_scalar(func, args, kwargs, recorded=lambda t: None) -> bool
         if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return True
         if isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point() and not value.is_meta \
-                and getattr(recorded(value), "intended", True):
+                and _written_on_purpose_or_new(recorded(value)):
             v = value.item()
             if v != v or v in (float("inf"), float("-inf")):
                 return True
     return False
+
+
+def _written_on_purpose_or_new(record) -> bool:
+    return record is None or record.facts.written_on_purpose

@@ -18,7 +18,7 @@ from nandoctor.detect.mode import all_finite
 from nandoctor.detect.op_facts import collect_op_facts
 from nandoctor.detect.ops import is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
-from nandoctor.detect.records import Record, RecordTable, storage_key
+from nandoctor.detect.records import Record, RecordTable, storage_key, tensors_of
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.result import OVERWRITTEN_SUFFIX, Discarded, ParameterRef, SiteFacts
 from nandoctor.detect.state import TrainingState
@@ -107,7 +107,7 @@ class Recorder:
         row through softmax) or a non-finite input with no record is a birth, recorded.
         (Should the mask itself reach the loss, the report's root is where it was written.)"""
         source = None
-        for t in _tensors_of((*args, *kwargs.values())):
+        for t in tensors_of((*args, *kwargs.values())):
             record = self.records.get(t)
             if record is None:
                 if t.is_floating_point() and not all_finite(t):
@@ -216,7 +216,7 @@ class Recorder:
 
     def carry(self, args, out) -> None:
         """A view/copy/index of a recorded non-finite tensor carries its record along."""
-        source = next(filter(None, (self.records.get(a) for a in _tensors_of(args))), None)
+        source = next(filter(None, (self.records.get(a) for a in tensors_of(args))), None)
         if source is None:
             return
         for item in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
@@ -224,7 +224,7 @@ class Recorder:
                 self.records.put(item, source)
 
     def filled(self, args, out: torch.Tensor) -> None:
-        sources = [r for r in (self.records.get(t) for t in _tensors_of(args)) if r is not None and not r.intended]
+        sources = [r for r in (self.records.get(t) for t in tensors_of(args)) if r is not None and not r.intended]
         if not sources:
             return
         whole = out._base if out._base is not None else out  # a fill of x[0] leaves the rest of x
@@ -270,15 +270,6 @@ def _mark_masked(record: Record) -> None:
         if not parents:
             r.facts.masked = True
         stack.extend(parents)
-
-
-def _tensors_of(args):
-    """The tensors among `args`, lists of tensors (cat, stack) included."""
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            yield from (t for t in a if isinstance(t, torch.Tensor))
 
 
 def _overwritten_name(func, tensors, out) -> str | None:

@@ -51,6 +51,15 @@ def storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
+def tensors_of(args):
+    """The tensors among `args`, lists of tensors (cat, stack) included."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
+
+
 class RecordTable:
     """Storage -> the latest record of a non-finite value written there."""
 
@@ -85,13 +94,7 @@ class RecordTable:
 
     def any_of(self, args) -> bool:
         """Does any tensor in `args` (lists of tensors included) have a record?"""
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if self.get(a) is not None:
-                    return True
-            elif isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) and self.get(t) is not None for t in a):
-                return True
-        return False
+        return any(self.get(t) is not None for t in tensors_of(args))
 
     def forget(self, t: torch.Tensor) -> None:
         """A tensor was overwritten in place with finite values (e.g. masked_fill_ of the Infs)."""

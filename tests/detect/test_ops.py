@@ -34,9 +34,16 @@ def test_a_minus_inf_scalar_tensor_that_was_written_on_purpose_stays_a_mask_thro
     # nn.MultiheadAttention builds its float mask as where(causal, scalar_tensor(-inf), 0).
     from nandoctor.detect.ops import writes_nonfinite_scalar
 
+    from nandoctor.detect.records import Record
+    from nandoctor.detect.result import SiteFacts
+
+    def record(written_on_purpose: bool) -> Record:
+        return Record(op="aten.scalar_tensor.default", phase="forward", where=None, module=None, backward_node=None,
+                      node_seq=None, step=None, output=None, inputs=[], parents=[], has_nan=False,
+                      intended=True, facts=SiteFacts(written_on_purpose=written_on_purpose))
+
     minus_inf = torch.tensor(float("-inf"))
-    mask_record = type("Rec", (), {"intended": True})()
-    made_record = type("Rec", (), {"intended": False})()
+    mask_record, made_record = record(True), record(False)  # (an allowed line's value is intended too)
     args = (torch.ones(2, dtype=torch.bool), minus_inf, torch.tensor(0.0))
     assert writes_nonfinite_scalar(torch.ops.aten.where.self, args, {}, lambda t: mask_record if t is minus_inf else None)
     assert not writes_nonfinite_scalar(torch.ops.aten.where.self, args, {}, lambda t: made_record if t is minus_inf else None)
