@@ -10,7 +10,10 @@ step: no collective, no store request, no host sync. Only when a rank stops:
   gradients that arrived averaged from the others) claims the run with one
   `compare_set`: the first claim names the culprit rank;
 - every rank publishes how it ended (one key per rank), so the culprit's report says which
-  ranks were non-finite at that step (one rank's bad batch, or a bug every rank hits);
+  ranks were non-finite at that step (one rank's bad batch, or a bug every rank hits). A
+  rank that hears of the claim says at once how far it has run; when the culprit's value
+  went non-finite in a forward this rank has not run yet, it runs that forward first (see
+  Observer.check_peers), and the culprit waits for that word;
 - a background thread on each rank waits on the culprit key (one blocking request held
   open, not a poll), so a rank that is still training stops at its next step boundary
   ("stopped: rank 1 found a non-finite value at step 3") instead of running on, or waiting
@@ -25,6 +28,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
@@ -32,6 +36,7 @@ from typing import Callable
 # How long a rank waits for the others when it stops: for the culprit's claim (a peer that
 # died), for the other ranks' status (which ranks were non-finite), for the replay's port.
 PEER_WAIT_S = 5.0
+SETTLE_POLL_S = 0.02
 STORE_CONNECT_S = 10.0
 # A replay's ranks run on their own rendezvous: without torchrun's agent store (rank 0's
 # replay hosts a new TCPStore on the fresh port), so nothing of the first launch is joined.
@@ -98,18 +103,29 @@ class RankReport:
 
 @dataclass(frozen=True)
 class Claim:
-    """The culprit's claim on the run: its rank and step."""
+    """The culprit's claim on the run: its rank, its step, and the phase of that step where
+    its value went non-finite (data, forward, backward, optimizer; None when unknown)."""
 
     rank: int
     step: int | None
+    phase: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"rank": self.rank, "step": self.step})
+        return json.dumps({"rank": self.rank, "step": self.step, "phase": self.phase})
 
     @classmethod
     def from_json(cls, text: bytes | str) -> "Claim":
         data = json.loads(text)
-        return cls(int(data["rank"]), data.get("step"))
+        return cls(int(data["rank"]), data.get("step"), data.get("phase"))
+
+    def covered_by(self, status: dict) -> bool:
+        """Does a rank's status say all it will about this claim's step? A final one does;
+        one sent while that rank was still running on does when it had run the step's
+        forward already, or will not run it (the claim was not a forward's)."""
+        if status.get("final", True):
+            return True
+        forwards = status.get("forwards")
+        return self.phase != "forward" or self.step is None or forwards is None or forwards > self.step
 
 
 class PeerChannel:
@@ -150,9 +166,9 @@ class PeerChannel:
 
     # -- what a stopping rank says -----------------------------------------------------
 
-    def claim(self, step: int | None) -> Claim:
+    def claim(self, step: int | None, phase: str | None = None) -> Claim:
         """Claim the run as its culprit; returns the claim that won (maybe another rank's)."""
-        mine = Claim(self.info.rank, step)
+        mine = Claim(self.info.rank, step, phase)
         self.seen_claim = True
         store = self.store()
         if store is None:
@@ -177,23 +193,35 @@ class PeerChannel:
 
     def publish(self, status: dict, final: bool = True) -> None:
         """How this rank ended: {"own_nonfinite": bool, "step": ...}. A provisional status
-        (`final=False`, sent from the listening thread) never replaces the final one."""
+        (`final=False`, sent from the listening thread, with "forwards": how far the rank had
+        run) never replaces the final one."""
         with self._publishing:
             if self._published_final or self.store() is None:
                 return
             self._published_final = final
             try:
-                self._store.set(self._key(f"rank/{self.info.rank}"), json.dumps(status))
+                self._store.set(self._key(f"rank/{self.info.rank}"), json.dumps({**status, "final": final}))
             except Exception:  # noqa: BLE001
                 pass
 
-    def statuses(self, wait_s: float = PEER_WAIT_S) -> dict[int, dict]:
-        """Every rank's published status, waiting up to `wait_s` in all for the missing ones."""
+    def statuses(self, wait_s: float = PEER_WAIT_S, settled: Callable[[dict], bool] = lambda status: True,
+                 ) -> dict[int, dict]:
+        """Every rank's published status, waiting up to `wait_s` in all for the missing ones
+        and for those not yet `settled` (a rank still running on to the culprit's step)."""
         store = self.store()
         if store is None:
             return {}
+        deadline = time.monotonic() + wait_s
         keys = [self._key(f"rank/{r}") for r in range(self.info.world_size)]
         _wait(store, keys, wait_s)  # some rank may never say: report what is there
+        found = self._read(store, keys)
+        while not all(settled(status) for status in found.values()) and time.monotonic() < deadline:
+            time.sleep(SETTLE_POLL_S)  # only while a stopping rank waits for its peers' word
+            found = self._read(store, keys)
+        return found
+
+    @staticmethod
+    def _read(store, keys: list[str]) -> dict[int, dict]:
         found: dict[int, dict] = {}
         for rank, key in enumerate(keys):
             try:
@@ -290,11 +318,13 @@ class RankRun:
         info = RankInfo.from_env()
         return cls(info) if info is not None else None
 
-    def listen(self, on_claim: Callable[[Claim], None], step: Callable[[], int | None]) -> None:
+    def listen(self, on_claim: Callable[[Claim], None], step: Callable[[], int | None],
+               forwards: Callable[[], int | None]) -> None:
         """Until `settle`: on another rank's claim, tell it at once that this rank's own values
-        were finite (so the culprit need not wait for this one), then call `on_claim`."""
+        were finite so far, and how many steps' forwards it has run (so the culprit need not
+        wait for a rank stuck in a collective it left), then call `on_claim`."""
         def claimed(claim: Claim) -> None:
-            self.channel.publish({"own_nonfinite": False, "step": step()}, final=False)
+            self.channel.publish({"own_nonfinite": False, "step": step(), "forwards": forwards()}, final=False)
             on_claim(claim)
 
         self.channel.watch(claimed)
@@ -341,20 +371,22 @@ class RankRun:
         claim = self.channel.culprit(wait_s)
         return claim is not None and claim.rank != self.info.rank
 
-    def settle(self, own_nonfinite: bool, found: bool, stopped: bool, step: int | None) -> RankReport:
-        """`own_nonfinite`: this rank's own values went non-finite; `found`: it found a
-        non-finite value (maybe one that arrived from the others: averaged gradients);
-        `stopped`: it ended early for any reason (a finding, a peer's claim, an error)."""
+    def settle(self, own_nonfinite: bool, found: bool, stopped: bool, step: int | None,
+               phase: str | None = None) -> RankReport:
+        """`own_nonfinite`: this rank's own values went non-finite (in `phase` of its step);
+        `found`: it found a non-finite value (maybe one that arrived from the others:
+        averaged gradients); `stopped`: it ended early for any reason (a finding, a peer's
+        claim, an error)."""
         channel = self.channel
         channel.close()
         if own_nonfinite:
-            claim = channel.claim(step)
+            claim = channel.claim(step, phase)
         elif stopped:
             # Averaged NaN gradients, a peer that died, a peer's claim: whoever claimed it;
             # when nobody did, a rank that found something claims it (the first one wins).
             claim = channel.culprit()
             if claim is None and found:
-                claim = channel.claim(step)
+                claim = channel.claim(step, phase)
         else:
             claim = channel.culprit(wait_s=0.0)
         channel.publish({"own_nonfinite": own_nonfinite, "step": step})
@@ -362,7 +394,8 @@ class RankRun:
         nonfinite: list[int] = []
         if culprit is not None:
             # The culprit waits for the others' word; another rank only reads what is there.
-            statuses = channel.statuses(PEER_WAIT_S if culprit == self.info.rank else 0.0)
+            statuses = (channel.statuses(PEER_WAIT_S, settled=claim.covered_by) if culprit == self.info.rank
+                        else channel.statuses(0.0))
             nonfinite = sorted(r for r, status in statuses.items() if status.get("own_nonfinite"))
             if own_nonfinite and self.info.rank not in nonfinite:
                 nonfinite = sorted([*nonfinite, self.info.rank])

@@ -57,7 +57,7 @@ def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankR
     stopped_by = None
     outcome: ScriptOutcome | None
     if ranks is not None:
-        ranks.listen(observer.peer_claimed, lambda: observer.state.step_or_none)
+        ranks.listen(observer.peer_claimed, lambda: observer.state.step_or_none, lambda: observer.state.forwards_run)
         ranks.script_running = True
     try:
         with observer:
@@ -98,7 +98,16 @@ def _settle(ranks: RankRun, observer: Observer, outcome: ScriptOutcome) -> RankR
     found = observer.finding()
     stopped = found is not None or outcome.exit_code != 0 or observer.peer_claim is not None
     return ranks.settle(own_nonfinite=_own_values(found), found=found is not None, stopped=stopped,
-                        step=observer.state.step_or_none)
+                        step=observer.state.step_or_none, phase=_phase(found))
+
+
+def _phase(found) -> str | None:
+    """The phase of its step where this rank's value went non-finite."""
+    if isinstance(found, WatchFinding):
+        return "forward" if found.what == "loss" else "backward"
+    if isinstance(found, Detection):
+        return found.root.phase
+    return None
 
 
 def _own_values(found) -> bool:

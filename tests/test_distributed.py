@@ -1,9 +1,14 @@
-"""torch.distributed runs (distributed.py, cli/launcher.py): 2 ranks with gloo on CPU, as a
-user launches them (`nandoctor run --nproc-per-node 2`, which goes through torchrun).
+"""torch.distributed runs (distributed.py, cli/launcher.py).
 
-One rank's bad batch names that rank as the culprit and the other as stopped by it; a bug
-every rank hits says so; a healthy run ends with the same numbers as without nandoctor;
-nothing hangs (every launch has a deadline well under the backend's timeouts).
+End to end (marked `distributed`): 2 ranks with gloo on CPU, as a user launches them
+(`nandoctor run --nproc-per-node 2`, which goes through torchrun). One rank's bad batch names
+that rank as the culprit and the other as stopped by it; a bug every rank hits says so; a
+healthy run ends with the same numbers as without nandoctor; nothing hangs (every launch has
+a deadline well under the backend's timeouts).
+
+Settling (in the default set): how ranks that stop agree on the culprit and on which ranks
+went non-finite, through a real TCPStore with each rank's side run in its own thread, so the
+order of events a launch leaves to chance is set here on purpose.
 """
 from __future__ import annotations
 
@@ -11,15 +16,22 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
+
+from nandoctor import distributed
+from nandoctor.detect.observer import Observer, PeerStopped
+from nandoctor.distributed import Claim, RankInfo, RankRun
 
 SCRIPT = Path(__file__).resolve().parent.parent / "sample_scripts" / "distributed" / "ddp_regression.py"
 DEADLINE_S = 90
 
-pytestmark = pytest.mark.distributed
+launch = pytest.mark.distributed
 
 
 def _launch(tmp_path: Path, *options: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -36,6 +48,7 @@ def _report(tmp_path: Path, name: str = "r.json") -> dict:
     return json.loads((tmp_path / name).read_text())
 
 
+@launch
 @pytest.mark.parametrize("mode", ["trace", "watch"])
 def test_one_ranks_bad_batch_names_that_rank_its_step_and_sample(tmp_path, mode):
     proc, elapsed = _launch(tmp_path, "--mode", mode, BAD_INDEX="55")
@@ -53,6 +66,7 @@ def test_one_ranks_bad_batch_names_that_rank_its_step_and_sample(tmp_path, mode)
     assert elapsed < 60
 
 
+@launch
 def test_a_bug_every_rank_hits_is_reported_as_such(tmp_path):
     proc, _ = _launch(tmp_path, LOG_ZERO="1")
     assert proc.returncode == 3, proc.stderr[-3000:]
@@ -63,6 +77,7 @@ def test_a_bug_every_rank_hits_is_reported_as_such(tmp_path):
     assert any("every rank" in note for note in report["notes"])
 
 
+@launch
 def test_a_healthy_run_is_clean_with_the_same_numbers_as_plain_torchrun(tmp_path):
     plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT)],
                            cwd=tmp_path, capture_output=True, text=True, timeout=DEADLINE_S, stdin=subprocess.DEVNULL,
@@ -75,6 +90,7 @@ def test_a_healthy_run_is_clean_with_the_same_numbers_as_plain_torchrun(tmp_path
     assert report["status"] == "clean" and report["distributed"]["culprit_rank"] is None
 
 
+@launch
 def test_fsdp2_is_watched_the_same_way(tmp_path):
     script = SCRIPT.with_name("fsdp2_regression.py")
     proc = subprocess.run(
@@ -88,6 +104,7 @@ def test_fsdp2_is_watched_the_same_way(tmp_path):
     assert report["root"]["location"]["line"] == 21  # x[0, 0] = float("nan")
 
 
+@launch
 def test_a_peer_that_dies_is_told_apart_from_a_finding(tmp_path):
     proc, elapsed = _launch(tmp_path, DIE_AT="2")
     assert proc.returncode == 1, proc.stderr[-3000:]  # the script's error, as without nandoctor
@@ -95,3 +112,113 @@ def test_a_peer_that_dies_is_told_apart_from_a_finding(tmp_path):
     assert report["status"] == "script_error" and report["distributed"]["culprit_rank"] is None
     assert any("another rank's process is gone" in note for note in report["notes"])
     assert elapsed < 60
+
+
+# -- settling: who the culprit is, which ranks went non-finite --------------------------------
+
+@pytest.fixture
+def store_port():
+    """A real TCPStore, as torchrun's agent hosts one; the ranks connect to it as clients."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    yield server.port
+    del server
+
+
+def _rank(rank: int, port: int) -> RankRun:
+    info = RankInfo(rank, rank, 2, "host")
+    return RankRun(info, distributed.PeerChannel(info, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}))
+
+
+def _settle_in_thread(run: RankRun, **how) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def settle():
+        started = time.monotonic()
+        out["report"] = run.settle(**how)
+        out["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=settle)
+    thread.start()
+    return thread, out
+
+
+def _listen(run: RankRun, step: int, forwards: int) -> threading.Event:
+    heard = threading.Event()
+    run.listen(lambda claim: heard.set(), lambda: step, lambda: forwards)
+    return heard
+
+
+def test_a_peer_that_heard_the_claim_before_running_the_culprits_forward_is_waited_for(store_port):
+    # The race a launch leaves to chance: rank 1 hears rank 0's claim for a NaN in step 2's
+    # forward while it is still finishing step 1, says so at once, then runs step 2's forward
+    # and finds its own NaN there: the culprit's report says every rank hit it.
+    culprit, peer = _rank(0, store_port), _rank(1, store_port)
+    heard = _listen(peer, step=2, forwards=2)
+    thread, out = _settle_in_thread(culprit, own_nonfinite=True, found=True, stopped=True, step=2, phase="forward")
+    assert heard.wait(10)
+    time.sleep(0.3)  # rank 1 runs on to step 2's forward
+    mine = peer.settle(own_nonfinite=True, found=True, stopped=True, step=2, phase="forward")
+    thread.join(10)
+    report = out["report"]
+    assert (report.culprit_rank, report.ranks_nonfinite, report.culprit_step) == (0, [0, 1], 2)
+    assert mine.culprit_rank == 0 and not mine.stopped_by_peer
+
+
+@pytest.mark.parametrize("phase, forwards", [
+    # Rank 1 had run step 2's forward when it heard (it may now wait in a collective rank 0
+    # never joins): its word that its values were finite is final.
+    ("forward", 3),
+    # One rank's bad data: the others stop at their next step boundary without running the
+    # culprit's forward (its collectives would wait for the culprit): their word is final.
+    ("data", 2),
+])
+def test_a_peers_first_word_is_final_when_it_will_not_run_the_culprits_forward(store_port, monkeypatch,
+                                                                              phase, forwards):
+    monkeypatch.setattr(distributed, "PEER_WAIT_S", 30.0)
+    culprit, peer = _rank(0, store_port), _rank(1, store_port)
+    heard = _listen(peer, step=2, forwards=forwards)
+    thread, out = _settle_in_thread(culprit, own_nonfinite=True, found=True, stopped=True, step=2, phase=phase)
+    assert heard.wait(10)
+    thread.join(20)
+    assert out["report"].ranks_nonfinite == [0] and out["seconds"] < 10  # nothing waited for more
+    peer.channel.close()
+
+
+def test_a_peer_that_never_says_more_is_given_up_on_after_the_wait(store_port, monkeypatch):
+    monkeypatch.setattr(distributed, "PEER_WAIT_S", 0.5)
+    culprit, peer = _rank(0, store_port), _rank(1, store_port)
+    heard = _listen(peer, step=2, forwards=2)  # ...and then stuck, never to settle
+    thread, out = _settle_in_thread(culprit, own_nonfinite=True, found=True, stopped=True, step=2, phase="forward")
+    assert heard.wait(10)
+    thread.join(10)
+    assert not thread.is_alive() and out["report"].ranks_nonfinite == [0]
+    peer.channel.close()
+
+
+def _observer_told(claim: Claim, step: int) -> Observer:
+    observer = Observer({})
+    observer.state.optimizer_created()
+    observer.state.step = step
+    observer.peer_claimed(claim)
+    return observer
+
+
+def test_a_rank_runs_the_forward_of_the_step_where_the_culprit_found_a_forward_value():
+    observer = _observer_told(Claim(0, step=2, phase="forward"), step=2)
+    observer.check_peers()  # step 2's forward has not run here yet: run it
+    observer.state.backward_started = True
+    with pytest.raises(PeerStopped):
+        observer.check_peers()  # ...and no further than its backward()
+
+
+@pytest.mark.parametrize("phase", ["data", "backward", "optimizer", None])
+def test_a_rank_stops_at_its_next_boundary_when_the_culprits_value_was_not_a_forwards(phase):
+    observer = _observer_told(Claim(0, step=2, phase=phase), step=2)
+    with pytest.raises(PeerStopped):
+        observer.check_peers()
+
+
+def test_a_claim_with_no_step_stops_a_rank_at_once():
+    observer = _observer_told(Claim(0, step=None, phase="forward"), step=0)
+    with pytest.raises(PeerStopped):
+        observer.check_peers()

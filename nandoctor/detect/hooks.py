@@ -92,11 +92,12 @@ class TrainingHooks:
         self._undo.append(lambda: setattr(owner, name, original))
 
     def _before_step(self, optimizer, args, kwargs):
-        self.observer.check_peers()
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if not callable(closure):
-            self.observer.before_optimizer_step(optimizer)
+            self.observer.before_optimizer_step(optimizer)  # first this rank's own values, then its peers
+            self.observer.check_peers()
             return None
+        self.observer.check_peers()
         # The step will call the closure for its gradients (LBFGS more than once): the
         # step's boundary is where each call returns, not here.
         wrapped = self._wrap_closure(optimizer, closure)
@@ -211,12 +212,13 @@ class TrainingHooks:
         def backward(tensors, *args, **kwargs):
             if compiling():  # a compiled training step: Dynamo traces backward itself
                 return original(tensors, *args, **kwargs)
-            observer.check_peers()
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
             if in_transform():  # the values under functorch's wrappers are what is checked
                 observer.transform_seen("backward")
                 roots = [unwrapped(t) for t in roots]
-            mark = observer.before_backward(roots)
+            mark = observer.before_backward(roots)  # first this rank's own loss, then its peers
+            observer.state.backward_started = True
+            observer.check_peers()
             result = original(tensors, *args, **kwargs)
             observer.after_backward(roots, mark)
             return result

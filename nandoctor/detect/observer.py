@@ -65,9 +65,22 @@ class Observer:
         self.peer_claim = claim
 
     def check_peers(self) -> None:
-        """At a step boundary: stop here if another rank has found a non-finite value."""
-        if self.peer_claim is not None:
-            raise PeerStopped(f"rank {self.peer_claim.rank} found a non-finite value")
+        """At a step boundary: stop here if another rank has found a non-finite value.
+
+        When the culprit's value went non-finite in a forward pass this rank has not run yet
+        (it heard the claim a moment before reaching that step, as ranks in step with each
+        other do), it first runs that forward, so that its report says whether its own
+        values went non-finite there too: a bug every rank hits is told from one rank's bad
+        batch. It runs no further than that step's backward(), whose collectives the culprit
+        never joins. The culprit has run every collective of its forward, so this rank's
+        forward finds its peers there."""
+        claim = self.peer_claim
+        if claim is None:
+            return
+        ran = self.state.forwards_run
+        if claim.phase == "forward" and claim.step is not None and ran is not None and ran <= claim.step:
+            return
+        raise PeerStopped(f"rank {claim.rank} found a non-finite value")
 
     # -- the boundaries (called by TrainingHooks) ------------------------------------------
 

@@ -40,6 +40,7 @@ class TrainingState:
         self.optimizer_seen = False
         self.training_started = False
         self.in_optimizer = False
+        self.backward_started = False  # the step in progress reached backward() (its forward ran)
         self.data_depth = 0  # > 0 while a DataLoader produces a batch
         self.history = StepHistory(history_size)
         self.pending_loss: float | None = None
@@ -52,6 +53,14 @@ class TrainingState:
     def step_or_none(self) -> int | None:
         """The step count for a report: None while no optimizer exists (no steps to count)."""
         return self.step if self.optimizer_seen else None
+
+    @property
+    def forwards_run(self) -> int | None:
+        """How many steps' forward passes this rank has run: the steps completed, and the
+        step in progress once its backward started. None while no optimizer exists."""
+        if not self.optimizer_seen:
+            return None
+        return self.step + (1 if self.backward_started else 0)
 
     def phase(self, node, args, module: str | None, building=lambda: False) -> str:
         """The phase of an op. Before training (an optimizer made, a batch drawn or a
@@ -80,6 +89,7 @@ class TrainingState:
 
     def step_finished(self) -> None:
         self.step += 1
+        self.backward_started = False
         self.history.add(self.step, self.pending_loss, self.pending_grad_norm)
         self.pending_loss = self.pending_grad_norm = self.clipped_from = None
 
