@@ -9,7 +9,7 @@ in `MODES` (or, like `ReplayMode`, choosing it in `select`).
   keeps (a device flag, an update inside `optimizer.step()`) is replayed.
 - `watch`: step boundaries only (`StepWatcher`); every finding is replayed under trace.
 - the replay itself: trace with the first run's random state, every op read at once, and
-  the optimizer's ops checked one by one.
+  the optimizer's and backward's ops checked one by one.
 """
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ class ReplayMode(TraceMode):
     eagerly, op by op; never replays itself."""
 
     def settings(self, request: RunRequest) -> dict[str, Any]:
-        return dict(request.config.run, check_optimizer_ops=True, device_flags="never", eager_compiled=True)
+        return dict(request.config.run, check_optimizer_ops=True, device_flags="never", eager_compiled=True,
+                    backward_by_node=False)
 
     def conclude(self, request, report, found, rng) -> RunReport:
         return report

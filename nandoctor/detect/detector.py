@@ -8,7 +8,8 @@ It wires the pieces together and owns the lifecycle; each piece is small:
 - `boundaries.BoundaryChecks`: the loss, the gradients, the optimizer's step;
 - `batches.BatchChecks`: batches that arrive non-finite; `saved`: values through torch.save/load;
 - `device_flags.DeferredOps`: per-op flags kept on an accelerator, read at boundaries;
-- `lineage.explain`: from the record where it stopped to the root, as a `Detection`.
+- `lineage.explain`: from the record where it stopped to the root, as a `Detection`;
+- `nodes.NodeChecks`: a plain backward checked node by node, with the per-op mode off.
 
 When it stops, it raises `NonFiniteFound` into the script and `finding()` gives the
 `Detection` (typed, no words: diagnosis writes those).
@@ -18,6 +19,7 @@ from __future__ import annotations
 # `_signal`: `signal`'s own functions, without the wrappers that turn handlers into enums
 # (through `signal`, getsignal() costs 6 us, a failed enum lookup; here 0.02 us).
 import _signal
+import functools
 import math
 import os
 import threading
@@ -34,6 +36,7 @@ from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
+from nandoctor.detect.nodes import NodeChecks
 from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, StepLimitReached
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
@@ -44,6 +47,7 @@ from nandoctor.detect.saved import SavedValues
 
 
 _RUNNING: "weakref.WeakSet[Detector]" = weakref.WeakSet()
+current_node = torch._C._current_autograd_node
 
 # Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
@@ -113,6 +117,8 @@ class Detector(Observer):
         # Run torch.compile'd code eagerly under the per-op mode (the replay does), instead
         # of compiled with its outputs checked (see compiled.py).
         self.eager_compiled = bool(run_settings.get("eager_compiled", False))
+        # Check a plain CPU backward node by node (see nodes.py); the replay checks every op.
+        self.backward_by_node = bool(run_settings.get("backward_by_node", True))
         self._last_compiled: str | None = None
         # What the hot path reads, as plain attributes.
         self.locator = locator or SourceLocator()
@@ -132,6 +138,9 @@ class Detector(Observer):
         self._suspended = False
         self._scaled_backward = False
         self._backward_mark = 0
+        self.nodes = NodeChecks(self)
+        self._by_node: list[bool] = []  # per backward() running: did it take the mode off
+        self._python_code: list[bool] = []  # per Python function running inside it: was the mode off
         self._hooks = hooks.TrainingHooks(self)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -284,15 +293,92 @@ class Detector(Observer):
 
     # -- the training boundaries (the observer protocol) ----------------------------------
 
-    def before_backward(self, roots) -> int:
+    def before_backward(self, roots, plain: bool = False) -> int:
         self.state.training_started = True
         self.read_flags()
+        graph = roots  # what backward() runs from (a GradScaler's scaled loss)
         roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
+        by_node = plain and self._can_check_by_node(graph)
         with self.internal():
             self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None)
-            return self._backward_mark
+            if by_node:
+                self.nodes.arm(graph)
+        self._by_node.append(by_node and not self._suspended)
+        if by_node:
+            self._suspend()
+        return self._backward_mark
+
+    def _can_check_by_node(self, roots) -> bool:
+        """On the CPU, with ours the innermost mode: an accelerator's per-op flags are read
+        at boundaries already (a node's check would be a sync), and a script's own mode
+        sees the ops it asked for."""
+        return (self.backward_by_node and not self.passive and _get_current_dispatch_mode() is self.mode
+                and all(t.device.type == "cpu" for t in roots if isinstance(t, torch.Tensor)))
+
+    def _backward_ended(self) -> None:
+        if self._by_node and self._by_node.pop():
+            if not self._by_node:
+                self._python_code.clear()  # (a Python node that raised never said it ended)
+            self._resume()
+
+    def backward_failed(self) -> None:
+        self._backward_ended()
+
+    @property
+    def mode_suspended(self) -> bool:
+        return self._suspended
+
+    def python_code_starts(self) -> None:
+        """Python code runs inside a backward checked node by node (a custom Function's
+        backward, a hook): op by op, as everywhere else."""
+        resumed = self._suspended and not self.passive  # (never after the run: a hook outlives it)
+        self._python_code.append(resumed)
+        if resumed:
+            self._resume()
+
+    def python_code_ends(self) -> None:
+        if self._python_code and self._python_code.pop():
+            self._suspend()
+
+    def python_in_backward(self, fn):
+        detector = self
+
+        @functools.wraps(fn)
+        def traced(*args, **kwargs):
+            detector.python_code_starts()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                detector.python_code_ends()
+
+        return traced
+
+    def node_went_nonfinite(self, grad_inputs, grad_outputs) -> None:
+        """A node checked by `nodes.NodeChecks` gave a non-finite gradient: run it again
+        under the per-op mode, from the same gradients and its saved tensors, so that its
+        ops are recorded as a per-op backward records them; the records pass on to what
+        the node really gave."""
+        node = current_node()
+        with self.internal():
+            self.recorder.link_untracked(grad_outputs)  # summed by the engine, out of the mode's sight
+        again = None
+        self.python_code_starts()
+        try:
+            again = node(*grad_outputs)
+        except Exception:  # noqa: BLE001 - not callable again: its outputs are recorded as they are
+            pass
+        finally:
+            self.python_code_ends()
+        again = again if isinstance(again, (tuple, list)) else (again,)
+        with self.internal():
+            for index, real in enumerate(grad_inputs):
+                replayed = again[index] if index < len(again) else None
+                if isinstance(real, torch.Tensor) and real.is_floating_point() and not all_finite(real):
+                    record = self.records.get(replayed) if isinstance(replayed, torch.Tensor) else None
+                    self.records.put(real, record or self.recorder.node_output(node, real))
 
     def after_backward(self, roots, mark: int) -> None:
+        self._backward_ended()
         self.read_flags()
         with self.internal():
             # The gradients of a scaled loss are the scaler's to check (it skips the step).

@@ -64,6 +64,8 @@ class TrainingHooks:
         self._undo.append(lambda: compiled.stop_observing(self.observer))
         quiet = CompileQuiet().__enter__()
         self._undo.append(quiet.__exit__)
+        for name in ("register_hook", "register_post_accumulate_grad_hook"):
+            self._patch(torch.Tensor, name, self._wrap_register_hook)
         if self.observer.watches_values:
             for name in ("tolist", "numpy", "__repr__"):
                 self._patch(torch.Tensor, name, self._wrap_read)
@@ -213,13 +215,20 @@ class TrainingHooks:
             if compiling():  # a compiled training step: Dynamo traces backward itself
                 return original(tensors, *args, **kwargs)
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
-            if in_transform():  # the values under functorch's wrappers are what is checked
+            transform = in_transform()
+            if transform:  # the values under functorch's wrappers are what is checked
                 observer.transform_seen("backward")
                 roots = [unwrapped(t) for t in roots]
-            mark = observer.before_backward(roots)  # first this rank's own loss, then its peers
+            create_graph = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
+            # first this rank's own loss, then its peers
+            mark = observer.before_backward(roots, plain=not create_graph and not transform)
             observer.state.backward_started = True
-            observer.check_peers()
-            result = original(tensors, *args, **kwargs)
+            try:
+                observer.check_peers()
+                result = original(tensors, *args, **kwargs)
+            except BaseException:
+                observer.backward_failed()
+                raise
             observer.after_backward(roots, mark)
             return result
 
@@ -243,6 +252,15 @@ class TrainingHooks:
             return result
 
         return grad
+
+    def _wrap_register_hook(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def register_hook(tensor, hook):
+            return original(tensor, observer.python_in_backward(hook))
+
+        return register_hook
 
     def _wrap_read(self, original):
         observer = self.observer

@@ -84,9 +84,18 @@ class Observer:
 
     # -- the boundaries (called by TrainingHooks) ------------------------------------------
 
-    def before_backward(self, roots: list) -> int:
-        """The loss reaches backward() / autograd.grad; returns a mark for after_*."""
+    def before_backward(self, roots: list, plain: bool = False) -> int:
+        """The loss reaches backward() / autograd.grad; returns a mark for after_*. `plain`:
+        a backward() that builds no graph, outside torch.func (see detect/nodes.py)."""
         return 0
+
+    def backward_failed(self) -> None:
+        """backward() raised (after before_backward): no after_backward comes."""
+
+    def python_in_backward(self, fn):
+        """`fn`, a function the script gives autograd to call inside backward (a tensor's
+        hook), as it is to be registered."""
+        return fn
 
     def after_backward(self, roots: list, mark: int) -> None:
         """backward() returned: the leaves' .grad are what the script keeps."""

@@ -46,6 +46,7 @@ class Recorder:
         # forward op already made an Inf has that op as its earlier ancestor.
         self.forward_by_node: dict[int, Record] = {}
         self.last_backward_order = -1  # order of the latest non-finite value made in backward
+        self.latest_backward: Record | None = None  # ...and its record, in the backward running
 
     def op(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool,
            before: torch.Tensor | None = None) -> Record:
@@ -89,10 +90,34 @@ class Recorder:
             self.count_made(record)
             self._births.append(record)
         if record.phase == "backward":
-            self.last_backward_order = record.order
+            self.last_backward_order, self.latest_backward = record.order, record
         elif record.phase == "forward" and created_seq is not None and not intended:
             self.forward_by_node[created_seq] = record
         return record
+
+    def node_output(self, node, t: torch.Tensor) -> Record:
+        """The record of a non-finite gradient an autograd node gave, when running the node
+        again op by op could not tell which of its ops made it (see nodes.py)."""
+        seq = node._sequence_nr()
+        where, module = self.sites.get(seq) or (None, None)
+        output = summarize(t, "output")
+        record = Record(op="", phase="backward", where=where, module=module, backward_node=type(node).__name__,
+                        node_seq=seq, step=self.state.step_or_none, output=output, inputs=[],
+                        parents=[self.latest_backward] if self.latest_backward is not None else [],
+                        has_nan=output.nan > 0)
+        self.last_backward_order, self.latest_backward = record.order, record
+        return record
+
+    def link_untracked(self, gradients) -> None:
+        """Gradients the engine summed before a node (its mode off: see nodes.py) reach it
+        with no record; a non-finite one came from the latest non-finite gradient made in
+        this backward, the record it takes (for the lineage)."""
+        if self.latest_backward is None:
+            return
+        for g in gradients:
+            if isinstance(g, torch.Tensor) and g.is_floating_point() and self.records.get(g) is None \
+                    and not all_finite(g):
+                self.records.put(g, self.latest_backward)
 
     def passed_on_intended(self, args, kwargs, out: torch.Tensor) -> Record | None:
         """The record of a value written on purpose (a -inf mask, `written_on_purpose`) that
@@ -251,6 +276,7 @@ class Recorder:
 
     def new_generation(self) -> None:
         """A backward finished: forget forward records of graphs long gone (bounded memory)."""
+        self.latest_backward = None
         if len(self.forward_by_node) > 1024:
             for key in sorted(self.forward_by_node)[:-512]:
                 del self.forward_by_node[key]

@@ -49,7 +49,7 @@ class StepWatcher(Observer):
 
     # -- the boundaries --------------------------------------------------------------
 
-    def before_backward(self, roots) -> int:
+    def before_backward(self, roots, plain: bool = False) -> int:
         roots, self._scaled_loss = self.amp.unscaled(roots)  # a GradScaler's scaled loss: the loss itself
         loss = next((t for t in roots if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
         if loss is None or loss.is_meta:  # a meta tensor has no value to check

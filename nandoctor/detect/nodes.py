@@ -1,0 +1,87 @@
+"""A backward checked node by node: the per-op mode off, one check per autograd node.
+
+Most of trace mode's cost in backward is torch calling into Python for every op the
+autograd engine runs (a fifth of a Transformer step's time, measured: see the README). A
+node's outputs are what the next nodes receive, so a non-finite value that goes on to
+matter leaves the node that made it non-finite. So for a plain `loss.backward()` the
+per-op mode is taken off and each node of the graph gets a post-hook that checks its
+outputs (one sum each, the hot path's own check). Only when one is non-finite is the node
+run again, under the per-op mode, from the same gradients and its saved tensors, which
+the engine frees only after the node's post-hooks: that finds the exact op with the
+records, lineage and forward line per-op tracing gives, and its records pass on to the
+node's real outputs.
+
+Python code that runs inside backward is still traced op by op: a custom
+`autograd.Function` (and what is built on one: a module's backward hooks, reentrant
+checkpointing, torch.compile's backward) runs with the mode on between the pre-hook and
+post-hook it gets here, and a tensor's `register_hook` function with the mode on (see
+hooks.py). Backward passes that build a graph (`create_graph=True`), those inside
+torch.func transforms, `autograd.grad` and non-CPU ones stay per-op throughout.
+"""
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import BackwardCFunction
+
+from nandoctor.detect.mode import _finite
+
+_ARMED = "nandoctor.armed"  # a node's metadata key: its hooks are in place (graphs kept across backwards)
+
+# Nodes whose gradient is the one they received, moved (a view, a transpose, a copy, a
+# select into zeros): nothing non-finite starts there, and what passes through keeps its
+# storage or reaches the next checked node, so they go unchecked (most nodes of a
+# Transformer). A leaf's accumulator is checked when backward() returns.
+_UNCHECKED_NODES = frozenset({
+    "AccumulateGrad", "AliasBackward0", "AsStridedBackward0", "CatBackward0", "CloneBackward0",
+    "DetachBackward0", "NarrowBackward0", "PermuteBackward0", "ReshapeAliasBackward0", "SelectBackward0",
+    "SliceBackward0", "SplitBackward0", "SplitWithSizesBackward0", "SqueezeBackward0", "SqueezeBackward1",
+    "SqueezeBackward2", "StackBackward0", "TBackward0", "TransposeBackward0", "TransposeBackward1",
+    "UnbindBackward0", "UnflattenBackward0", "UnsafeSplitBackward0", "UnsafeViewBackward0",
+    "UnsqueezeBackward0", "ViewBackward0",
+})
+
+
+class NodeChecks:
+    """The hooks of one detector; `detector` gives `node_went_nonfinite` and the mode's
+    state (`mode_suspended`, `python_code_starts` / `python_code_ends`)."""
+
+    def __init__(self, detector) -> None:
+        self.detector = detector
+
+    def arm(self, roots) -> None:
+        """Hook every node of the graph behind `roots` that is not hooked yet."""
+        stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        finished, starts, ends = self._node_finished, self._python_node_starts, self._python_node_ends
+        while stack:
+            node = stack.pop()
+            if node is None:
+                continue
+            metadata = node.metadata
+            if _ARMED in metadata:
+                continue
+            metadata[_ARMED] = True
+            kind = type(node)
+            if issubclass(kind, BackwardCFunction):
+                node.register_prehook(starts)
+                node.register_hook(ends)
+            elif kind.__name__ not in _UNCHECKED_NODES:
+                node.register_hook(finished)
+            stack.extend(fn for fn, _ in node.next_functions)
+
+    def _node_finished(self, grad_inputs, grad_outputs):
+        detector = self.detector
+        if detector.passive or not detector.mode_suspended:
+            return None  # the per-op mode is on (a per-op backward): it checked each op itself
+        for g in grad_inputs:
+            if g is not None and not _finite(g):
+                detector.node_went_nonfinite(grad_inputs, grad_outputs)
+                break
+        return None
+
+    def _python_node_starts(self, grad_outputs):
+        self.detector.python_code_starts()
+        return None
+
+    def _python_node_ends(self, grad_inputs, grad_outputs):
+        self.detector.python_code_ends()
+        return None

@@ -1,0 +1,168 @@
+"""A plain CPU backward checked node by node (detect/nodes.py): the per-op mode is off while
+autograd runs its own nodes, and every answer is the one a per-op backward gives.
+
+Each scenario below runs twice, node by node (the default) and op by op
+(`backward_by_node=False`, what the replay runs), and the two detections must agree on
+everything a report says: the root op, its backward node, phase, line, the reason, and the
+lineage. The healthy twins must not stop either way.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import detect
+from nandoctor.detect.mode import CheckingMode
+
+
+def _sqrt_at_zero():
+    w = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
+    (torch.sqrt(w * 2) * 3).sum().backward()
+
+
+def _masked_division():
+    x = torch.nn.Parameter(torch.tensor([0.0, 2.0]))
+    y = torch.where(x > 0, 1 / x, torch.zeros_like(x))  # the NaN gradient of the unused 1/0
+    y.sum().backward()
+
+
+def _summed_by_the_engine():
+    # Two uses of `a`: the engine sums their gradients before a's node, out of the mode's sight.
+    w = torch.nn.Parameter(torch.tensor([0.0, 4.0]))
+    a = torch.sqrt(w)
+    (a * 2 + a.exp()).sum().backward()
+
+
+def _accumulated_into_an_existing_grad():
+    w = torch.nn.Parameter(torch.tensor([0.0, 4.0]))
+    (w * 2).sum().backward()  # a finite .grad first (micro-batches)
+    torch.sqrt(w).sum().backward()
+
+
+def _a_linear_model_with_a_log_in_the_loss():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    x = torch.randn(16, 4)
+    out = model(x)
+    (out - out.detach()).abs().pow(0.5).mean().backward()  # |0| ** 0.5: an infinite gradient
+
+
+def _a_custom_function():
+    class Halve(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x / 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad / (grad - grad)  # 0 / 0 in the user's own backward
+
+    w = torch.nn.Parameter(torch.ones(3))
+    Halve.apply(w * 2).sum().backward()
+
+
+def _a_tensor_hook():
+    w = torch.nn.Parameter(torch.ones(2))
+    y = w * 3
+    y.register_hook(lambda g: (g - 1).log())
+    y.sum().backward()
+
+
+def _retained_graph_twice():
+    w = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
+    y = torch.sqrt(w + 1) * 2
+    y.sum().backward(retain_graph=True)
+    (y * torch.tensor([float("inf"), 1.0])).sum().backward()
+
+
+# Healthy twins: non-finite values made inside backward and masked before any gradient.
+def _an_infinite_gradient_masked_by_a_clamp():
+    x = torch.nn.Parameter(torch.tensor([0.0, 2.0]))
+    b = x.clamp(min=0.5)
+    torch.sqrt(b - 0.5).sum().backward()  # sqrt'(0) = inf, but clamp passes no gradient at x=0
+
+
+def _atan2_at_the_origin():
+    x = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
+    torch.atan2(x * 0, x * 0 + 1).sum().backward()
+
+
+BROKEN = [_sqrt_at_zero, _masked_division, _summed_by_the_engine, _accumulated_into_an_existing_grad,
+          _a_linear_model_with_a_log_in_the_loss, _a_custom_function, _a_tensor_hook, _retained_graph_twice]
+HEALTHY = [_an_infinite_gradient_masked_by_a_clamp, _atan2_at_the_origin]
+
+
+def _what_a_report_says(detected) -> tuple:
+    """Everything but one step: op by op, a .grad that already held a value shows the
+    engine's add into it (AccumulateGrad) as the lineage's last step; node by node the
+    engine does that add out of sight, and the lineage ends at the op that made the value."""
+    d = detected.detection
+    site = lambda s: (s.op, s.phase, s.backward_node, s.location.line if s.location else None)  # noqa: E731
+    return d.reason, site(d.root), [site(s) for s in d.lineage if s.backward_node != "AccumulateGrad"]
+
+
+@pytest.mark.parametrize("scenario", BROKEN, ids=lambda f: f.__name__.strip("_"))
+def test_node_by_node_finds_what_op_by_op_finds(scenario):
+    by_node = detect(scenario)
+    by_op = detect(scenario, backward_by_node=False)
+    assert by_node.stopped and by_op.stopped
+    assert _what_a_report_says(by_node) == _what_a_report_says(by_op)
+    assert by_node.detection.root.op  # the exact op, not just the node
+
+
+@pytest.mark.parametrize("scenario", HEALTHY, ids=lambda f: f.__name__.strip("_"))
+def test_values_masked_inside_backward_stop_neither(scenario):
+    assert not detect(scenario).stopped
+    assert not detect(scenario, backward_by_node=False).stopped
+
+
+def _count_backward_ops(monkeypatch) -> list:
+    """The ops autograd runs that reach the per-op mode from now on."""
+    seen = []
+    original = CheckingMode.__torch_dispatch__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        if torch._C._current_autograd_node() is not None:
+            seen.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(CheckingMode, "__torch_dispatch__", counting)
+    return seen
+
+
+def _a_healthy_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    torch.nn.functional.mse_loss(model(torch.randn(16, 4)), torch.randn(16, 1)).backward()
+
+
+@pytest.mark.parametrize("by_node, through_python", [(True, False), (False, True)])
+def test_a_healthy_backward_runs_no_op_through_python(monkeypatch, by_node, through_python):
+    seen = _count_backward_ops(monkeypatch)
+    assert not detect(_a_healthy_step, backward_by_node=by_node).stopped
+    assert bool(seen) is through_python
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
+def test_a_backward_that_builds_a_graph_stays_op_by_op(monkeypatch):
+    seen = _count_backward_ops(monkeypatch)
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    assert not detect(lambda: (w ** 3).sum().backward(create_graph=True)).stopped
+    assert seen  # its nodes' ops make a graph for a second backward: each is checked
+
+
+def test_the_mode_is_back_on_after_a_backward_that_raised():
+    w = torch.nn.Parameter(torch.ones(2))
+
+    def refuse(grad):
+        raise ValueError("no")
+
+    def train():
+        y = w * 2
+        y.register_hook(refuse)
+        with pytest.raises(ValueError):
+            y.sum().backward()
+        torch.log(w - 1).sum().item()  # a forward NaN read back: found op by op again
+
+    detected = detect(train)
+    assert detected.stopped and detected.detection.root.op == "aten.log.default"
