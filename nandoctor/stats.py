@@ -70,6 +70,8 @@ def summarize(tensor: "torch.Tensor", name: str = "", positions: int = 3) -> Ten
             neg = int((t < 0).sum().item())
             return TensorSummary(name, shape, dtype, lo, hi, 0, 0, 0, zeros, neg, t.numel())
         t = t.float() if t.dtype in (torch.float16, torch.bfloat16) or t.element_size() < 4 else t
+        if type(t) is torch.Tensor and t.device.type == "cpu":
+            return _summarize_array(t.numpy(), name, shape, dtype, positions)
         nan_mask = torch.isnan(t)
         pos_mask = torch.isposinf(t)
         neg_mask = torch.isneginf(t)
@@ -95,6 +97,27 @@ def summarize(tensor: "torch.Tensor", name: str = "", positions: int = 3) -> Ten
             numel=t.numel(),
             first_nonfinite=bad_positions,
         )
+
+
+def _summarize_array(a, name: str, shape: tuple, dtype: str, positions: int) -> TensorSummary:
+    """`summarize` of a CPU tensor's values, through numpy: the same numbers, in a fraction
+    of the time (no dispatch per reduction; records are made on a running training step)."""
+    import numpy as np
+
+    finite = np.isfinite(a)
+    all_finite = bool(finite.all())
+    finite_values = a if all_finite else a[finite]
+    lo = float(finite_values.min()) if finite_values.size else None
+    hi = float(finite_values.max()) if finite_values.size else None
+    bad_positions = ()
+    if not all_finite:
+        bad_positions = tuple(tuple(int(i) for i in p) for p in np.argwhere(~finite)[:positions].tolist())
+    return TensorSummary(
+        name=name, shape=shape, dtype=dtype, min=lo, max=hi,
+        nan=int(np.count_nonzero(np.isnan(a))), posinf=int(np.count_nonzero(np.isposinf(a))),
+        neginf=int(np.count_nonzero(np.isneginf(a))), zeros=int(np.count_nonzero(a == 0)),
+        negatives=int(np.count_nonzero(a < 0)), numel=int(a.size), first_nonfinite=bad_positions,
+    )
 
 
 def summarize_number(value: float, name: str = "") -> TensorSummary:
