@@ -26,7 +26,7 @@ import threading
 import weakref
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _get_current_dispatch_mode_stack
 
 from nandoctor.detect import hooks
 from nandoctor.detect.batches import BatchChecks, tensors_in
@@ -319,6 +319,10 @@ class Detector(Observer):
         if self._by_node and self._by_node.pop():
             if not self._by_node:
                 self._python_code.clear()  # (a Python node that raised never said it ended)
+            # The engine runs each node under the thread's modes as they were when backward()
+            # began, and puts them back after it: where a node raised before its post-hook,
+            # what the flag says may not be what is on the stack.
+            self._suspended = self.mode not in _get_current_dispatch_mode_stack()
             self._resume()
 
     def backward_failed(self) -> None:
@@ -519,6 +523,8 @@ class Detector(Observer):
             born.facts.untracked_input = False
         if born.facts.compiled is not None:
             needs_replay = True
+        if born.phase == "backward" and born.backward_node is not None and not born.op:
+            needs_replay = True  # a node that could not run again op by op (see node_went_nonfinite)
         self.passive = True
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
                                  needs_replay=needs_replay, flagged_suspects=suspects)

@@ -75,6 +75,27 @@ def _retained_graph_twice():
     (y * torch.tensor([float("inf"), 1.0])).sum().backward()
 
 
+def _checkpointed(*, use_reentrant: bool):
+    def scenario():
+        from torch.utils.checkpoint import checkpoint
+
+        w = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
+        y = checkpoint(lambda v: torch.sqrt(v * 2) * 3, w, use_reentrant=use_reentrant)
+        y.sum().backward()
+
+    scenario.__name__ = f"_checkpointed_{'reentrant' if use_reentrant else 'non_reentrant'}"
+    return scenario
+
+
+def _a_gradient_scaler_in_float16():
+    model = torch.nn.Linear(4, 1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(torch.ones(8, 4)).float()
+    scaler.scale(torch.sqrt(out * 0).mean()).backward()
+    model.weight.grad.sum().item()  # the gradients read back: what they hold must be explained
+
+
 # Healthy twins: non-finite values made inside backward and masked before any gradient.
 def _an_infinite_gradient_masked_by_a_clamp():
     x = torch.nn.Parameter(torch.tensor([0.0, 2.0]))
@@ -88,7 +109,8 @@ def _atan2_at_the_origin():
 
 
 BROKEN = [_sqrt_at_zero, _masked_division, _summed_by_the_engine, _accumulated_into_an_existing_grad,
-          _a_linear_model_with_a_log_in_the_loss, _a_custom_function, _a_tensor_hook, _retained_graph_twice]
+          _a_linear_model_with_a_log_in_the_loss, _a_custom_function, _a_tensor_hook, _retained_graph_twice,
+          _checkpointed(use_reentrant=True), _a_gradient_scaler_in_float16]
 HEALTHY = [_an_infinite_gradient_masked_by_a_clamp, _atan2_at_the_origin]
 
 
@@ -107,7 +129,18 @@ def test_node_by_node_finds_what_op_by_op_finds(scenario):
     by_op = detect(scenario, backward_by_node=False)
     assert by_node.stopped and by_op.stopped
     assert _what_a_report_says(by_node) == _what_a_report_says(by_op)
-    assert by_node.detection.root.op  # the exact op, not just the node
+    assert by_node.detection.root.op and not by_node.detection.needs_replay  # the exact op, not just the node
+
+
+def test_a_node_that_cannot_run_again_is_named_and_left_to_the_replay():
+    # Non-reentrant checkpointing recomputes a node's saved tensors for one use only: the
+    # node cannot run a second time, op by op. The report names the node and its forward
+    # line, and asks for the seeded replay, which checks backward op by op, for the op.
+    scenario = _checkpointed(use_reentrant=False)
+    by_node, by_op = detect(scenario), detect(scenario, backward_by_node=False)
+    root, exact = by_node.detection.root, by_op.detection.root
+    assert by_node.detection.needs_replay and root.op == ""
+    assert (root.backward_node, root.location.line) == (exact.backward_node, exact.location.line)
 
 
 @pytest.mark.parametrize("scenario", HEALTHY, ids=lambda f: f.__name__.strip("_"))
