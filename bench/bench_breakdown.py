@@ -10,9 +10,12 @@ does per op:
   optimizer ops included: trace mode leaves those out, so this can exceed trace).
 - `sum_every_op`: the same, plus `out.sum().item()` on every float output: the cheapest
   exact finiteness check, on every op with no skipping.
+- `trace_bwd_by_op`: nandoctor's detector with backward checked op by op, as it was
+  before backward was checked node by node (and as the seeded replay still checks it).
 - `trace`: nandoctor's detector (what `--mode trace` runs): ops that cannot make a NaN
   skipped, the sum check on the rest, the forward line of each autograd node, module
-  names, a -inf mask's record carried, the training boundaries.
+  names, a -inf mask's record carried, a plain backward checked node by node (see
+  detect/nodes.py), the training boundaries.
 """
 from __future__ import annotations
 
@@ -48,9 +51,17 @@ class SumEveryOp(EmptyMode):
         return out
 
 
+def _trace_backward_by_op():
+    from nandoctor.config import load_config
+    from nandoctor.detect.detector import Detector
+
+    return Detector(dict(load_config().run, backward_by_node=False))
+
+
 LAYERS = {
     "empty_mode": EmptyMode,
     "sum_every_op": SumEveryOp,
+    "trace_bwd_by_op": _trace_backward_by_op,
     "trace": bench_interleaved.CHECKERS["trace"],
 }
 

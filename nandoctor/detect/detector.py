@@ -381,6 +381,21 @@ class Detector(Observer):
                     record = self.records.get(replayed) if isinstance(replayed, torch.Tensor) else None
                     self.records.put(real, record or self.recorder.node_output(node, real))
 
+    def made_nonfinite_in_backward(self) -> bool:
+        return self.recorder.last_backward_order >= self._backward_mark
+
+    def leaf_gradient_from(self, leaf, incoming: torch.Tensor) -> None:
+        """`leaf.grad` took `incoming` (see NodeChecks._leaf_accumulated)."""
+        grad = getattr(leaf, "grad", None)
+        if not isinstance(grad, torch.Tensor) or self.records.get(grad) is not None:
+            return
+        with self.internal():
+            record = self.records.get(incoming)
+            if record is None and incoming.is_floating_point() and not all_finite(incoming):
+                record = self.recorder.latest_backward  # summed by the engine before it came
+            if record is not None and not all_finite(grad):
+                self.records.put(grad, record)
+
     def after_backward(self, roots, mark: int) -> None:
         self._backward_ended()
         self.read_flags()

@@ -25,14 +25,16 @@ from torch.autograd.function import BackwardCFunction
 
 from nandoctor.detect.mode import _finite
 
+current_node = torch._C._current_autograd_node
+
 _ARMED = "nandoctor.armed"  # a node's metadata key: its hooks are in place (graphs kept across backwards)
 
 # Nodes whose gradient is the one they received, moved (a view, a transpose, a copy, a
 # select into zeros): nothing non-finite starts there, and what passes through keeps its
 # storage or reaches the next checked node, so they go unchecked (most nodes of a
-# Transformer). A leaf's accumulator is checked when backward() returns.
+# Transformer). A leaf's accumulator has its own hook (see `_leaf_accumulated`).
 _UNCHECKED_NODES = frozenset({
-    "AccumulateGrad", "AliasBackward0", "AsStridedBackward0", "CatBackward0", "CloneBackward0",
+    "AliasBackward0", "AsStridedBackward0", "CatBackward0", "CloneBackward0",
     "DetachBackward0", "NarrowBackward0", "PermuteBackward0", "ReshapeAliasBackward0", "SelectBackward0",
     "SliceBackward0", "SplitBackward0", "SplitWithSizesBackward0", "SqueezeBackward0", "SqueezeBackward1",
     "SqueezeBackward2", "StackBackward0", "TBackward0", "TransposeBackward0", "TransposeBackward1",
@@ -52,18 +54,21 @@ class NodeChecks:
         """Hook every node of the graph behind `roots` that is not hooked yet."""
         stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         finished, starts, ends = self._node_finished, self._python_node_starts, self._python_node_ends
+        accumulated = self._leaf_accumulated
         while stack:
             node = stack.pop()
             if node is None:
                 continue
             metadata = node.metadata
-            if _ARMED in metadata:
+            if metadata.get(_ARMED) is self:
                 continue
-            metadata[_ARMED] = True
+            metadata[_ARMED] = self  # (a leaf's accumulator lives on: armed once per run)
             kind = type(node)
             if issubclass(kind, BackwardCFunction):
                 node.register_prehook(starts)
                 node.register_hook(ends)
+            elif kind.__name__ == "AccumulateGrad":
+                node.register_hook(accumulated)
             elif kind.__name__ not in _UNCHECKED_NODES:
                 node.register_hook(finished)
             stack.extend(fn for fn, _ in node.next_functions)
@@ -76,6 +81,18 @@ class NodeChecks:
             if g is not None and not _finite(g):
                 detector.node_went_nonfinite(grad_inputs, grad_outputs)
                 break
+        return None
+
+    def _leaf_accumulated(self, grad_inputs, grad_outputs):
+        """A leaf's .grad took its gradient. Once this backward has made a non-finite value
+        (rare), a non-finite .grad the engine made as a new tensor (a copy into the
+        parameter's layout, a sum) takes the record of the gradient that came in."""
+        detector = self.detector
+        if detector.passive or not detector.mode_suspended or not detector.made_nonfinite_in_backward():
+            return None
+        incoming = grad_outputs[0] if grad_outputs else None
+        if incoming is not None:
+            detector.leaf_gradient_from(current_node().variable, incoming)
         return None
 
     def _python_node_starts(self, grad_outputs):

@@ -199,3 +199,21 @@ def test_the_mode_is_back_on_after_a_backward_that_raised():
 
     detected = detect(train)
     assert detected.stopped and detected.detection.root.op == "aten.log.default"
+
+
+def test_a_gradient_the_engine_copies_into_grad_ends_the_lineage_at_the_layer_that_made_it():
+    # Two calls of one encoder (a Siamese pair, one image paired with itself): the engine
+    # sums the two calls' weight gradients into a new .grad, out of a node-by-node
+    # backward's sight. The stop names that weight, and the lineage ends in its own layer.
+    torch.manual_seed(0)
+    encoder = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    images = torch.randn(6, 4)
+
+    def train():
+        ea, eb = encoder(images[[0, 1, 2]]), encoder(images[[0, 4, 5]])
+        torch.sqrt(((ea - eb) ** 2).sum(dim=1)).sum().backward()
+
+    d = detect(train).detection
+    assert (d.root.op, d.root.backward_node) == ("aten.div.Tensor", "SqrtBackward0")
+    parameter = d.event.facts.parameter.name  # e.g. "2.weight"
+    assert d.event.module == parameter.split(".")[0] and d.event.backward_node == "AddmmBackward0"
