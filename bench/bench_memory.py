@@ -8,8 +8,6 @@ every step) trains for --steps steps; the detector's own state must not grow.
 from __future__ import annotations
 
 import argparse
-import os
-import resource
 import subprocess
 import sys
 import tempfile
