@@ -169,6 +169,7 @@ class Detector(Observer):
                 self.mode.__exit__(None, None, None)
             self._hooks.uninstall()
             self.modules.uninstall()
+            self.nodes.release()
 
     def _suspend(self) -> None:
         """Take the per-op mode off the stack (optimizer step, data loading): these phases

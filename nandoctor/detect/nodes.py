@@ -49,9 +49,21 @@ class NodeChecks:
 
     def __init__(self, detector) -> None:
         self.detector = detector
+        # A leaf's accumulator outlives the run's graphs: its hook and mark are taken off
+        # when the run ends (`release`), so a later run in the process starts clean.
+        self._lasting: list[tuple[dict, object]] = []
+
+    def release(self) -> None:
+        for metadata, handle in self._lasting:
+            handle.remove()
+            if metadata.get(_ARMED) is self:
+                del metadata[_ARMED]
+        self._lasting.clear()
 
     def arm(self, roots) -> None:
         """Hook every node of the graph behind `roots` that is not hooked yet."""
+        # Accumulators of earlier graphs that are gone (most are: one per leaf per step).
+        self._lasting = [(m, h) for m, h in self._lasting if h.hooks_dict_ref() is not None]
         stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         finished, starts, ends = self._node_finished, self._python_node_starts, self._python_node_ends
         accumulated = self._leaf_accumulated
@@ -62,13 +74,13 @@ class NodeChecks:
             metadata = node.metadata
             if metadata.get(_ARMED) is self:
                 continue
-            metadata[_ARMED] = self  # (a leaf's accumulator lives on: armed once per run)
+            metadata[_ARMED] = self  # (a graph kept across backwards is armed once)
             kind = type(node)
             if issubclass(kind, BackwardCFunction):
                 node.register_prehook(starts)
                 node.register_hook(ends)
             elif kind.__name__ == "AccumulateGrad":
-                node.register_hook(accumulated)
+                self._lasting.append((metadata, node.register_hook(accumulated)))
             elif kind.__name__ not in _UNCHECKED_NODES:
                 node.register_hook(finished)
             stack.extend(fn for fn, _ in node.next_functions)

@@ -8,6 +8,9 @@ lineage. The healthy twins must not stop either way.
 """
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -217,3 +220,40 @@ def test_a_gradient_the_engine_copies_into_grad_ends_the_lineage_at_the_layer_th
     assert (d.root.op, d.root.backward_node) == ("aten.div.Tensor", "SqrtBackward0")
     parameter = d.event.facts.parameter.name  # e.g. "2.weight"
     assert d.event.module == parameter.split(".")[0] and d.event.backward_node == "AddmmBackward0"
+
+
+def test_a_run_leaves_no_hook_on_the_parameters_it_watched():
+    # A leaf's accumulator lives as long as a graph holds it (here one kept from before the
+    # run): the next run in the process (a notebook, the benchmarks) must find neither this
+    # run's hook nor its mark there, and nothing of the finished run may be kept alive.
+    layer = torch.nn.Linear(3, 1)
+    kept = layer(torch.ones(2, 3))  # its graph holds weight's accumulator across the run
+
+    def train():
+        layer(torch.ones(2, 3)).sum().backward()
+
+    detected = detect(train)
+    accumulator = kept.grad_fn.next_functions[2][0].next_functions[0][0]
+    assert type(accumulator).__name__ == "AccumulateGrad" and not accumulator.metadata
+    finished = weakref.ref(detected.detector)
+    del detected
+    gc.collect()
+    assert finished() is None
+
+
+def test_what_is_kept_of_the_leaves_accumulators_does_not_grow_with_the_steps():
+    # Autograd makes a new accumulator per leaf per step (the last one dies with its graph):
+    # only those still alive are remembered (bench_memory.py measures the whole run).
+    layer = torch.nn.Linear(3, 1)
+    sizes = []
+
+    def train():
+        from nandoctor.detect.detector import _RUNNING
+
+        detector = next(iter(_RUNNING))
+        for _ in range(50):
+            layer(torch.ones(2, 3)).sum().backward()
+            sizes.append(len(detector.nodes._lasting))
+
+    assert not detect(train).stopped
+    assert max(sizes) <= 2  # weight's and bias's, of the last step
