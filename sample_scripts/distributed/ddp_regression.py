@@ -3,9 +3,10 @@
 #   BAD_INDEX=55  sample 55 of the dataset holds a NaN: with DistributedSampler(shuffle=False)
 #                 and batch 8 it is rank 1's batch at step 3 (one rank's bad data);
 #   LOG_ZERO=1    at step 2 every rank adds log(out * 0) to its loss (a bug every rank hits).
-#   DIE_AT=2      rank 1's process dies at step 2 (no NaN anywhere: a dead peer).
+#   DIE_AT=2      rank 1's process dies at step 2, a second in, while rank 0 waits for it in
+#                 the step's all-reduce (no NaN anywhere: a dead peer; rank 0's collective fails).
 # EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
-import os, sys
+import os, sys, time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,6 +39,7 @@ step = 0
 for epoch in range(int(os.environ.get("EPOCHS", "1"))):
     for x, y in loader:
         if step == int(os.environ.get("DIE_AT", "-1")) and rank == 1:
+            time.sleep(1)
             os._exit(9)
         out = model(x)
         loss = ((out - y) ** 2).mean()
