@@ -60,13 +60,8 @@ class BoundaryChecks:
         """A leaf's gradient still non-finite after backward() stops the run. Only walked when
         this backward made a non-finite value somewhere (rare): most are masked inside
         autograd formulas and never reach a gradient."""
-        if self.recorder.last_backward_order >= mark:
-            leaves = list(_leaves(roots))
-            # A gradient the engine copied into .grad out of a node-by-node backward's sight
-            # comes from its latest non-finite gradient (see nodes.py).
-            self.recorder.link_untracked([leaf.grad for leaf in leaves])
         if check and self.recorder.last_backward_order >= mark:
-            for leaf in leaves:
+            for leaf in _leaves(roots):
                 grad = leaf.grad
                 if grad is not None and grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
                     record = self.recorder.existing_or_bare(grad, "", "backward")

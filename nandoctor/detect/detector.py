@@ -36,7 +36,7 @@ from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
-from nandoctor.detect.nodes import NodeChecks
+from nandoctor.detect.nodes import NodeChecks, current_node
 from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, StepLimitReached
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
@@ -47,7 +47,6 @@ from nandoctor.detect.saved import SavedValues
 
 
 _RUNNING: "weakref.WeakSet[Detector]" = weakref.WeakSet()
-current_node = torch._C._current_autograd_node
 
 # Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
