@@ -98,7 +98,7 @@ class ReplayMode(TraceMode):
 
     def settings(self, request: RunRequest) -> dict[str, Any]:
         return dict(request.config.run, check_optimizer_ops=True, device_flags="never", eager_compiled=True,
-                    backward_by_node=False)
+                    backward_by_node=False, module_regions=False)
 
     def conclude(self, request, report, found, rng) -> RunReport:
         return report

@@ -76,6 +76,25 @@ for step in range(5):
 """
 
 
+def ops_through_the_mode(monkeypatch, backward_only: bool = False) -> list:
+    """The ops that reach nandoctor's per-op mode from now on (only those autograd runs in
+    backward, with `backward_only`): a list that fills as they come."""
+    import torch
+
+    from nandoctor.detect.mode import CheckingMode
+
+    seen = []
+    original = CheckingMode.__torch_dispatch__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        if not backward_only or torch._C._current_autograd_node() is not None:
+            seen.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(CheckingMode, "__torch_dispatch__", counting)
+    return seen
+
+
 def read_back(t):
     """What a script does with a value it keeps: read it (a NaN nobody reads never matters)."""
     return t.tolist()

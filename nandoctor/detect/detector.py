@@ -9,7 +9,8 @@ It wires the pieces together and owns the lifecycle; each piece is small:
 - `batches.BatchChecks`: batches that arrive non-finite; `saved`: values through torch.save/load;
 - `device_flags.DeferredOps`: per-op flags kept on an accelerator, read at boundaries;
 - `lineage.explain`: from the record where it stopped to the root, as a `Detection`;
-- `nodes.NodeChecks`: a plain backward checked node by node, with the per-op mode off.
+- `nodes.NodeChecks`: a plain backward checked node by node, with the per-op mode off;
+- `regions.ModuleRegions`: torch.nn's own modules run with the mode off, outputs checked.
 
 When it stops, it raises `NonFiniteFound` into the script and `finding()` gives the
 `Detection` (typed, no words: diagnosis writes those).
@@ -41,6 +42,7 @@ from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, Ste
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
+from nandoctor.detect.regions import ModuleRegions
 from nandoctor.detect.records import Record, RecordTable
 from nandoctor.detect.result import Detection, StopReason
 from nandoctor.detect.saved import SavedValues
@@ -118,6 +120,9 @@ class Detector(Observer):
         self.eager_compiled = bool(run_settings.get("eager_compiled", False))
         # Check a plain CPU backward node by node (see nodes.py); the replay checks every op.
         self.backward_by_node = bool(run_settings.get("backward_by_node", True))
+        # Run torch.nn's own modules as regions checked at their outputs (see regions.py);
+        # the replay checks every op.
+        module_regions = bool(run_settings.get("module_regions", True))
         self._last_compiled: str | None = None
         # What the hot path reads, as plain attributes.
         self.locator = locator or SourceLocator()
@@ -138,6 +143,7 @@ class Detector(Observer):
         self._scaled_backward = False
         self._backward_mark = 0
         self.nodes = NodeChecks(self)
+        self.regions = ModuleRegions(self, module_regions)
         self._by_node: list[bool] = []  # per backward() running: did it take the mode off
         self._python_code: list[bool] = []  # per Python function running inside it: was the mode off
         self._hooks = hooks.TrainingHooks(self)
@@ -146,6 +152,7 @@ class Detector(Observer):
 
     def __enter__(self) -> "Detector":
         with _InterruptHeld():  # see _InterruptHeld: a Ctrl-C here comes once all is in place
+            self.regions.install()  # (before the module tracker: see ModuleRegions)
             self.modules.install()
             self._hooks.install()
             self.mode.__enter__()
@@ -154,7 +161,8 @@ class Detector(Observer):
         return self
 
     def runtime_code(self) -> list:
-        return code_of(type(self.mode).__torch_dispatch__, ModuleTracker._enter, ModuleTracker._leave)
+        return code_of(type(self.mode).__torch_dispatch__, ModuleTracker._enter, ModuleTracker._leave) + \
+            self.regions.runtime_code()
 
     def finish(self) -> None:
         """The script ended: flags still pending are read (a NaN in its last ops counts)."""
@@ -164,6 +172,7 @@ class Detector(Observer):
         _RUNNING.discard(self)
         self.passive = True
         with _InterruptHeld():  # ...and here once all is undone
+            self.regions.uninstall()  # (a region a Ctrl-C left open puts the mode back first)
             if not self._suspended:
                 self.mode.__exit__(None, None, None)
             self._hooks.uninstall()
@@ -295,6 +304,7 @@ class Detector(Observer):
 
     def before_backward(self, roots, plain: bool = False) -> int:
         self.state.training_started = True
+        self.regions.close_interrupted()
         self.read_flags()
         graph = roots  # what backward() runs from (a GradScaler's scaled loss)
         roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
@@ -429,6 +439,7 @@ class Detector(Observer):
 
     def before_optimizer_step(self, optimizer) -> None:
         self.state.optimizer_created()
+        self.regions.close_interrupted()
         self.read_flags()  # ops since backward (gradient clipping, loss scaling)
         if not self.check_optimizer_ops:
             self._suspend()  # off the mode before our own checks too: no dispatch overhead
@@ -482,6 +493,7 @@ class Detector(Observer):
     def data_started(self) -> None:
         self.state.training_started = True
         self.state.data_depth += 1
+        self.regions.close_interrupted()
         self._suspend()
 
     def data_finished(self) -> None:

@@ -260,6 +260,15 @@ class NodeSites:
         if len(self._current) > self.limit:  # graphs built and never differentiated (eval with grad on)
             self.new_generation()
 
+    def note_range(self, first: int, end: int, site: tuple) -> None:
+        """Nodes `first`..`end - 1` were all built at `site` (a module region: regions.py)."""
+        current = self._current
+        for seq in range(first, end):
+            current[seq] = site
+        self.last_seq = end
+        if len(current) > self.limit:
+            self.new_generation()
+
     def __len__(self) -> int:
         return len(self._current) + len(self._previous)
 

@@ -14,8 +14,7 @@ import weakref
 import pytest
 import torch
 
-from helpers import detect
-from nandoctor.detect.mode import CheckingMode
+from helpers import detect, ops_through_the_mode
 
 
 def _sqrt_at_zero():
@@ -154,16 +153,7 @@ def test_values_masked_inside_backward_stop_neither(scenario):
 
 def _count_backward_ops(monkeypatch) -> list:
     """The ops autograd runs that reach the per-op mode from now on."""
-    seen = []
-    original = CheckingMode.__torch_dispatch__
-
-    def counting(self, func, types, args=(), kwargs=None):
-        if torch._C._current_autograd_node() is not None:
-            seen.append(func)
-        return original(self, func, types, args, kwargs)
-
-    monkeypatch.setattr(CheckingMode, "__torch_dispatch__", counting)
-    return seen
+    return ops_through_the_mode(monkeypatch, backward_only=True)
 
 
 def _a_healthy_step():

@@ -1,0 +1,212 @@
+"""torch.nn's own modules run as regions: the per-op mode off inside, their outputs checked.
+
+Most forward ops of a model run inside torch.nn's own modules (a TransformerEncoder makes
+~170 a step), and torch calling into Python for each of them is most of what trace mode
+costs in forward. A module call whose whole subtree is torch.nn's own code — no hooks, no
+user subclass, no running statistics — runs with the per-op mode off, as a region: its
+outputs get the hot path's check when it returns. A non-finite output is rare, and then
+the call is run again under the per-op mode, from the same inputs and the random state it
+started from (a dropout draws the same mask): that finds the exact op, with the records,
+lineage and line per-op tracing gives, and the replay's records pass on to the real
+outputs. The real outputs are never replaced, and the random stream after the region is
+the one the script would have had, so the numbers are the script's own.
+
+What a region keeps of per-op tracing:
+
+- backward: each autograd node built inside gets its forward line (the user's line that
+  called the region; every frame inside is torch's) and its innermost module, as the
+  per-op mode would note them: the node numbers are noted per stretch between two inner
+  module boundaries (`NodeSites.note_range`);
+- a -inf mask passed in (a causal mask into a TransformerEncoder): inside, it only meets
+  ops that pass it on or mask it away; what comes out finite needs no record, and a
+  non-finite output is replayed, where the mask's record is followed op by op.
+
+Not a region (op by op, as before): a module with hooks of its own or a user subclass
+anywhere below it (their Python code is the user's), BatchNorm and InstanceNorm with
+running statistics (a replay would update them twice), an in-place layer that is not
+idempotent (it changes the input the replay needs), inputs that are not plain CPU tensors
+(on an accelerator the check would be a host sync per region), a call inside a torch.func
+transform, or one made while another dispatch mode is above ours. Whether a module is a
+region is decided at its first call (its own hooks at every call): a hook or a user module
+added below it later runs with the mode off, unchecked op by op, but the region's outputs
+are still checked and a replay still runs it op by op (such a hook then runs twice).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+
+from nandoctor.detect.batches import tensors_in
+from nandoctor.detect.compiled import compiling
+from nandoctor.detect.mode import _finite, all_finite
+
+_pop_mode = torch._C._pop_torch_dispatch_stack
+_push_mode = torch._C._push_on_torch_dispatch_stack
+_modes_on_stack = torch._C._len_torch_dispatch_stack
+_mode_at = torch._C._get_dispatch_stack_at
+_sequence_nr = torch._C._autograd._get_sequence_nr
+_cpu_generator = torch.default_generator
+
+# In-place layers whose second application changes nothing: run again on an input they
+# already changed in place, a replay computes the same values.
+_IDEMPOTENT_INPLACE = (nn.ReLU, nn.ReLU6, nn.Hardtanh)
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def _finite_output(output) -> bool:
+    if type(output) is torch.Tensor:
+        return _finite(output)
+    return all(_finite(t) for _, t in tensors_in(output))
+
+
+def is_region(module: nn.Module) -> bool:
+    """Can a call of `module` run with the per-op mode off and be replayed exactly?"""
+    for sub in module.modules():
+        if not type(sub).__module__.startswith("torch.nn.modules."):
+            return False  # a user's subclass, a parametrization, DDP or FSDP, a compiled module
+        if sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks or sub._backward_pre_hooks \
+                or "forward" in sub.__dict__:
+            return False  # Python code of the user's (or a library's) runs inside
+        if isinstance(sub, _BatchNorm) or isinstance(sub, _InstanceNorm) and sub.track_running_stats:
+            return False  # forward updates running statistics: a replay would do it twice
+        if getattr(sub, "inplace", False) is True and not isinstance(sub, _IDEMPOTENT_INPLACE):
+            return False
+        if isinstance(sub, nn.Embedding) and sub.max_norm is not None:
+            return False  # renormalises its weight in place
+        if any(t.device.type != "cpu" for t in sub.parameters(recurse=False)):
+            return False
+    return True
+
+
+class _Open:
+    """The region running now."""
+
+    __slots__ = ("module", "random_state", "site_line", "stretch_start")
+
+    def __init__(self, module, random_state, site_line, stretch_start) -> None:
+        self.module = module
+        self.random_state = random_state  # the CPU generator's state when the call began
+        self.site_line = site_line  # (code, line) of the user's line that called it
+        self.stretch_start = stretch_start  # the first autograd node number not noted yet
+
+
+class ModuleRegions:
+    """The regions of one detector, from two global module hooks (installed before the
+    ModuleTracker's, so that when they run its `current` is the module whose stretch of
+    ops just ended)."""
+
+    def __init__(self, detector, enabled: bool = True) -> None:
+        self.detector = detector
+        self.enabled = enabled
+        self.open: _Open | None = None
+        self._replaying = 0
+        self._known: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
+        self._handles: list = []
+
+    def install(self) -> None:
+        if not self.enabled:
+            return
+        from torch.nn.modules import module as nn_module
+
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._enter),
+            nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
+        ]
+
+    def uninstall(self) -> None:
+        self.close_interrupted()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def runtime_code(self) -> list:
+        return [ModuleRegions._enter.__code__, ModuleRegions._leave.__code__]
+
+    def close_interrupted(self) -> None:
+        """A region whose call never returned (a KeyboardInterrupt, or another
+        BaseException, went through torch's module call, which then runs no hook): the
+        per-op mode goes back on. Called at the next training boundary and at the end."""
+        if self.open is None:
+            return
+        self.open = None
+        if self.detector.mode not in torch.utils._python_dispatch._get_current_dispatch_mode_stack():
+            _push_mode(self.detector.mode)
+
+    # -- the two hooks: the hot path of a region ------------------------------------------
+
+    def _enter(self, module, args) -> None:
+        opened = self.open
+        if opened is not None:
+            self._stretch_ends(opened)  # an inner module begins: the ops so far were its parent's
+            return
+        d = self.detector
+        if d.passive or self._replaying or compiling() or d.state.transform_depth:
+            return
+        known = self._known.get(module)
+        if known is None:
+            known = self._known[module] = is_region(module)
+        if not known or module._forward_hooks or module._forward_pre_hooks:
+            return
+        depth = _modes_on_stack()
+        if not depth or _mode_at(depth - 1) is not d.mode:
+            return  # the mode is off already (optimizer, data), or a script's mode is above ours
+        for a in args:
+            if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or a.device.type != "cpu"):
+                return
+        self.open = _Open(module, _cpu_generator.get_state(), d.locator.user_frame(1), _sequence_nr())
+        _pop_mode(None)
+
+    def _leave(self, module, args, *kwargs_and_output) -> None:
+        opened = self.open
+        if opened is None:
+            return
+        self._stretch_ends(opened)
+        if opened.module is not module:
+            return  # an inner module ended
+        self.open = None
+        finite = len(kwargs_and_output) != 2 or _finite_output(kwargs_and_output[1])  # (with the mode still off)
+        _push_mode(self.detector.mode)
+        if not finite:  # (torch calls always-called hooks without kwargs when forward raised)
+            self._replay(opened, module, args, *kwargs_and_output)
+
+    def _stretch_ends(self, opened: _Open) -> None:
+        """Autograd nodes built since the last inner module boundary were built in the
+        module that is innermost now: they get its name and the region's user line."""
+        now = _sequence_nr()
+        if now > opened.stretch_start:
+            self.detector.sites.note_range(opened.stretch_start, now, (opened.site_line, self.detector.modules.current))
+            opened.stretch_start = now
+
+    # -- the rare path -------------------------------------------------------------------
+
+    def _replay(self, opened: _Open, module, args, kwargs, output) -> None:
+        """Run the call again under the per-op mode, from its inputs and starting random
+        state: its ops are checked and recorded one by one (a stop raises from here, as
+        from the op itself), and the records of what it returned pass to the real outputs."""
+        d = self.detector
+        random_after = _cpu_generator.get_state()
+        _cpu_generator.set_state(opened.random_state)
+        self._replaying += 1
+        again = None
+        try:
+            again = module(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - it does not run twice: its outputs are recorded as they are
+            pass
+        finally:
+            self._replaying -= 1
+            _cpu_generator.set_state(random_after)
+        replayed = dict(tensors_in(again)) if again is not None else {}
+        with d.internal():
+            for path, real in tensors_in(output):
+                if not real.is_floating_point() or d.records.get(real) is not None or all_finite(real):
+                    continue
+                twin = replayed.get(path)
+                record = d.records.get(twin) if isinstance(twin, torch.Tensor) else None
+                if record is None:  # the replay did not make it again: made in the region, op unknown
+                    record = d.recorder.bare("", real, d.recorder.phase(None, args))
+                    record.facts.untracked_input = False
+                d.records.put(real, record)

@@ -1,0 +1,204 @@
+"""torch.nn's own modules run as regions (detect/regions.py): the per-op mode is off inside
+them, their outputs are checked, and a non-finite output is replayed op by op.
+
+Each broken scenario runs twice, with regions (the default) and op by op
+(`module_regions=False`, what the replay runs), and the two detections must agree on
+everything a report says: the reason, the root op, its phase, line and module, the values
+that went in and out, and the lineage. The healthy twins must not stop either way.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import detect, ops_through_the_mode
+from nandoctor.detect.regions import is_region
+
+
+def _linear(weight, bias=None) -> nn.Linear:
+    layer = nn.Linear(len(weight[0]), len(weight), bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor(weight))
+        if bias is not None:
+            layer.bias.copy_(torch.tensor(bias))
+    return layer
+
+
+def _overflow_then_inf_minus_inf():
+    model = nn.Sequential(_linear([[1e20, 1e20]]), nn.Tanh(), _linear([[1.0]]), _linear([[1.0], [1.0]]),
+                          _linear([[1.0, -1.0]]))
+    model[1] = nn.Identity()  # the overflowed +inf goes on to inf - inf
+    model(torch.tensor([[1e20, 1e20]])).sum().backward()
+
+
+def _attention_with_a_fully_masked_row():
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(8, 2, batch_first=True)
+    mask = torch.zeros(4, 4)
+    mask[2] = float("-inf")  # query 2 may look at nothing: its softmax is 0/0
+    x = torch.randn(1, 4, 8)
+    out, _ = attention(x, x, x, attn_mask=mask)
+    out.sum().backward()
+
+
+def _dropout_before_an_overflow():
+    # Which rows overflow depends on the dropout mask: the replay must draw the same one.
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Dropout(0.5), _linear([[3e38, 3e38]]), _linear([[1.0], [-1.0]]), _linear([[1.0, 1.0]]))
+    model(torch.full((8, 2), 0.75)).sum().backward()
+
+
+def _an_infinite_gradient_inside_a_linear():
+    # Finite forward (h is tiny), infinite backward: the gradient into h is 1e10 * 1e31 * 2.
+    model = nn.Sequential(_linear([[1e-10, 0.0], [0.0, 1e-10]]), _linear([[1e31, 1e31], [1e31, 1e31]]))
+    (model(torch.ones(3, 2)) * 1e10).sum().backward()
+
+
+def _a_log_in_the_loss_after_a_region():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    torch.log(model(torch.randn(16, 4)) - 10).mean().backward()  # log of negatives, outside the region
+
+
+def _a_suspect_input_through_a_region():
+    # A NaN input (a missing value) through a Linear: the region's output is replayed and
+    # its NaN gets the lineage back to where the value entered.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2), nn.Sigmoid())
+    x = torch.tensor([[1.0, float("nan"), 2.0], [0.5, 0.5, 0.5]])
+    model(x).sum().backward()
+
+
+def _a_transformer_with_a_causal_mask():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+    for _ in range(2):
+        encoder(torch.randn(2, 6, 16), mask=mask, is_causal=True).pow(2).mean().backward()
+
+
+def _a_mask_passed_through_a_region():
+    # The region's output is the -inf mask again (non-finite, on purpose): it is replayed,
+    # the mask's record goes on to the output, and the softmax after it is the usual one.
+    mask = torch.full((4, 4), float("-inf")).triu(1)
+    flat = nn.Flatten(0)(mask)
+    scores = torch.randn(16, requires_grad=True)
+    (scores + flat).reshape(4, 4).softmax(-1).sum().backward()
+
+
+BROKEN = [_overflow_then_inf_minus_inf, _attention_with_a_fully_masked_row, _dropout_before_an_overflow,
+          _an_infinite_gradient_inside_a_linear, _a_log_in_the_loss_after_a_region, _a_suspect_input_through_a_region]
+HEALTHY = [_a_transformer_with_a_causal_mask, _a_mask_passed_through_a_region]
+
+
+def _what_a_report_says(detected) -> tuple:
+    d = detected.detection
+    site = lambda s: (s.op, s.phase, s.module, s.backward_node, s.location.line if s.location else None,  # noqa: E731
+                      s.output, s.inputs)  # the values too: a replay that drew other random numbers differs
+    return d.reason, site(d.root), [site(s) for s in d.lineage]
+
+
+@pytest.mark.parametrize("scenario", BROKEN, ids=lambda f: f.__name__.strip("_"))
+def test_regions_find_what_op_by_op_finds(scenario):
+    with_regions = detect(scenario)
+    op_by_op = detect(scenario, module_regions=False)
+    assert with_regions.stopped and op_by_op.stopped
+    assert _what_a_report_says(with_regions) == _what_a_report_says(op_by_op)
+    assert with_regions.detection.root.op and not with_regions.detection.needs_replay
+
+
+@pytest.mark.parametrize("scenario", HEALTHY, ids=lambda f: f.__name__.strip("_"))
+def test_healthy_twins_stop_neither_way(scenario):
+    assert not detect(scenario).stopped
+    assert not detect(scenario, module_regions=False).stopped
+
+
+@pytest.mark.parametrize("regions, through_python", [(True, False), (False, True)])
+def test_a_healthy_forward_of_torch_modules_runs_no_op_through_python(monkeypatch, regions, through_python):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.LayerNorm(8), nn.Dropout(0.1), nn.Linear(8, 1))
+    x = torch.randn(16, 4)
+    seen = ops_through_the_mode(monkeypatch)
+    assert not detect(lambda: model(x), module_regions=regions).stopped
+    assert bool(seen) is through_python
+
+
+def test_a_replay_leaves_the_outputs_and_the_random_stream_as_plain_python_has_them():
+    def run():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5))
+        x = torch.tensor([[1.0, float("nan"), 2.0], [0.5, 0.5, 0.5]])
+        y = torch.nan_to_num(model(x))  # the NaN row is replayed, then imputed: no stop
+        return y, torch.rand(4)
+
+    plain = run()
+    results = []
+    assert not detect(lambda: results.append(run())).stopped
+    assert all(torch.equal(a, b) for a, b in zip(results[0], plain))
+
+
+def test_backward_nodes_built_in_a_region_keep_their_forward_line_and_module():
+    found = detect(_an_infinite_gradient_inside_a_linear).detection
+    assert found.root.phase == "backward" and found.root.module == "1"
+    assert found.root.location.code == "(model(torch.ones(3, 2)) * 1e10).sum().backward()"
+
+
+class _MyLinear(nn.Linear):
+    pass
+
+
+@pytest.mark.parametrize("module, expected", [
+    (nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True), nn.Linear(2, 1)), True),
+    (nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16), 2, enable_nested_tensor=False), True),
+    (_MyLinear(2, 2), False),  # a user's class: its code is the user's, checked op by op
+    (nn.Sequential(nn.Linear(2, 2), _MyLinear(2, 2)), False),
+    (nn.BatchNorm1d(4), False),  # a replay would update the running statistics twice
+    (nn.LeakyReLU(inplace=True), False),  # run again on its own output, it changes it
+    (nn.Embedding(4, 2, max_norm=1.0), False),  # renormalises its weight in place
+], ids=["builtin-sequential", "transformer", "subclass", "contains-subclass", "batchnorm", "inplace-leaky", "max-norm"])
+def test_which_modules_are_regions(module, expected):
+    assert is_region(module) is expected
+
+
+def test_a_module_with_a_hook_is_checked_op_by_op_and_the_hook_at_its_line():
+    model = nn.Linear(2, 2)
+    model.register_forward_hook(lambda module, args, out: torch.log(out - 100))
+
+    def train():
+        model(torch.ones(1, 2)).sum().backward()
+
+    found = detect(train).detection
+    assert found.root.op == "aten.log.default"
+    assert found.root.location.code.startswith("model.register_forward_hook(")
+
+
+def test_a_region_a_ctrl_c_left_open_puts_the_mode_back(monkeypatch):
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    real_relu = torch.nn.functional.relu
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def train():
+        monkeypatch.setattr(torch.nn.functional, "relu", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            model(torch.ones(1, 2))  # torch runs no module hook after a KeyboardInterrupt
+        monkeypatch.setattr(torch.nn.functional, "relu", real_relu)
+        model(torch.ones(1, 2)).sum().backward()  # the next boundary closes the region
+        torch.log(torch.tensor([-1.0])).sum().backward()
+
+    found = detect(train)
+    assert found.stopped and found.detection.root.op == "aten.log.default"
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_an_interrupted_region_leaves_the_mode_stack_clean_at_the_end(monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.nn.functional, "relu", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        detect(lambda: nn.ReLU()(torch.ones(2)))
+    assert torch._C._len_torch_dispatch_stack() == 0
