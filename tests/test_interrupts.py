@@ -111,37 +111,29 @@ def assert_interrupted_at_step_2(tmp_path, script, source: str, shown_line: str)
     assert result.report["step"] == 2
 
 
-# Sends SIGINT at a point inside torch's TorchDispatchMode push/pop during optimizer.step(),
-# where nandoctor takes its per-op mode off the stack for the step (and puts it back after):
-# the first `event` ("line": its first line; "return") of the function `where`. The
-# interrupt must not land halfway through (the mode's flags saved or restored, the stack
-# not yet changed): the run would end with IndexError or "trying to pop from empty mode
+# Sends SIGINT during optimizer.step(), where nandoctor takes its per-op mode off torch's
+# stack for the step (and puts it back after), right after the C call `where` returns: the
+# mode is off the stack (or back on it) and nandoctor has not yet noted it. The interrupt
+# must end the run as anywhere else, not with IndexError or "trying to pop from empty mode
 # stack" from nandoctor's own clean-up, exit 1 and no report.
 MODE_SWITCH = """\
-from torch.utils import _python_dispatch as dispatch
-CODE = {where}.__code__
+import torch
+TARGET = {where}
 
-def tracer(frame, event, arg):
-    if frame.f_code is not CODE:
-        return None
-    def local(frame, event, arg):
-        if event == {event!r}:
-            sys.settrace(None)
-            signal.raise_signal(signal.SIGINT)
-        return local
-    return local
+def profiler(frame, event, arg):
+    if event == "c_return" and arg is TARGET:
+        sys.setprofile(None)
+        signal.raise_signal(signal.SIGINT)
 """
 
 
-@pytest.mark.parametrize("where, event", [
-    ("dispatch._pop_mode", "line"),  # taking it off: the flags restored, the mode still on the stack
-    ("dispatch.TorchDispatchMode.__exit__", "return"),  # off the stack, not yet noted as off
-    ("dispatch.TorchDispatchMode.__enter__", "line"),  # putting it back: noted as on, not yet there
-    ("dispatch._push_mode", "line"),  # the flags saved, the mode not yet on the stack
+@pytest.mark.parametrize("where", [
+    "torch._C._pop_torch_dispatch_stack",  # taken off, not yet noted as off
+    "torch._C._push_on_torch_dispatch_stack",  # put back, not yet noted as on
 ])
-def test_ctrl_c_while_nandoctor_switches_its_mode_ends_the_run_as_anywhere_else(tmp_path, script, where, event):
-    source = TRAIN.format(setup=MODE_SWITCH.format(where=where, event=event),
-                          step_2="if step == 2:\n        sys.settrace(tracer)")
+def test_ctrl_c_while_nandoctor_switches_its_mode_ends_the_run_as_anywhere_else(tmp_path, script, where):
+    source = TRAIN.format(setup=MODE_SWITCH.format(where=where),
+                          step_2="if step == 2:\n        sys.setprofile(profiler)")
     assert_interrupted_at_step_2(tmp_path, script, source, shown_line="opt.step()")
 
 

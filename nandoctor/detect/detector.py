@@ -49,6 +49,8 @@ from nandoctor.detect.saved import SavedValues
 
 
 _RUNNING: "weakref.WeakSet[Detector]" = weakref.WeakSet()
+_pop_mode = torch._C._pop_torch_dispatch_stack
+_push_mode = torch._C._push_on_torch_dispatch_stack
 
 # Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
@@ -172,9 +174,11 @@ class Detector(Observer):
         _RUNNING.discard(self)
         self.passive = True
         with _InterruptHeld():  # ...and here once all is undone
-            self.regions.uninstall()  # (a region a Ctrl-C left open puts the mode back first)
-            if not self._suspended:
-                self.mode.__exit__(None, None, None)
+            self.regions.uninstall()
+            if self.mode not in _get_current_dispatch_mode_stack():  # suspended, or a region a Ctrl-C left open
+                _push_mode(self.mode)
+            self._suspended = False
+            self.mode.__exit__(None, None, None)  # (TorchDispatchMode's own flags are restored here)
             self._hooks.uninstall()
             self.modules.uninstall()
             self.nodes.release()
@@ -182,17 +186,17 @@ class Detector(Observer):
     def _suspend(self) -> None:
         """Take the per-op mode off the stack (optimizer step, data loading): these phases
         are checked at their boundary instead, which is what makes trace mode cheap there.
-        Only done when ours is the innermost mode, so a user's own mode is never disturbed."""
+        Only done when ours is the innermost mode, so a user's own mode is never disturbed.
+        One C call off torch's stack and one back (regions.py does the same): a Ctrl-C
+        between a call and the flag leaves a flag that `__exit__` does not trust."""
         if not self._suspended and _get_current_dispatch_mode() is self.mode:
-            with _InterruptHeld():  # see _InterruptHeld: off the stack entirely, or not at all
-                self.mode.__exit__(None, None, None)
-                self._suspended = True
+            _pop_mode(None)
+            self._suspended = True
 
     def _resume(self) -> None:
         if self._suspended:
-            with _InterruptHeld():
-                self._suspended = False
-                self.mode.__enter__()
+            _push_mode(self.mode)
+            self._suspended = False
 
     class _Internal:
         def __init__(self, detector: "Detector") -> None:
@@ -309,13 +313,13 @@ class Detector(Observer):
         graph = roots  # what backward() runs from (a GradScaler's scaled loss)
         roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
         by_node = plain and self._can_check_by_node(graph)
+        self._by_node.append(by_node and not self._suspended)
+        if by_node:
+            self._suspend()  # (first: the loss's read and the arming run no op through the mode)
         with self.internal():
             self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None)
             if by_node:
                 self.nodes.arm(graph)
-        self._by_node.append(by_node and not self._suspended)
-        if by_node:
-            self._suspend()
         return self._backward_mark
 
     def _can_check_by_node(self, roots) -> bool:

@@ -118,7 +118,7 @@ class ModuleRegions:
         ]
 
     def uninstall(self) -> None:
-        self.close_interrupted()
+        self.open = None  # (the detector puts its mode back on the stack)
         for handle in self._handles:
             handle.remove()
         self._handles = []
