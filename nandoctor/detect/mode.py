@@ -39,7 +39,7 @@ def _finite(t: torch.Tensor) -> bool:
     if not t.is_floating_point() or t.numel() == 0:
         return True
     try:
-        return math.isfinite(t.sum().item())
+        return math.isfinite(t.item() if t.dim() == 0 else t.sum().item())  # (a loss: no sum to make)
     except (RuntimeError, NotImplementedError):  # meta and fake tensors hold no values to check
         return True
 

@@ -63,8 +63,16 @@ def _finite_output(output) -> bool:
     return all(_finite(t) for _, t in tensors_in(output))
 
 
+# Modules that only reshape or pass on what they get: op by op their views cost a dict
+# lookup, where a region would sum the whole output.
+_ONLY_MOVES = (nn.Identity, nn.Flatten, nn.Unflatten)
+
+
 def is_region(module: nn.Module) -> bool:
-    """Can a call of `module` run with the per-op mode off and be replayed exactly?"""
+    """Can a call of `module` run with the per-op mode off and be replayed exactly (and is
+    it worth it)?"""
+    if isinstance(module, _ONLY_MOVES):
+        return False
     for sub in module.modules():
         if not type(sub).__module__.startswith("torch.nn.modules."):
             return False  # a user's subclass, a parametrization, DDP or FSDP, a compiled module

@@ -83,7 +83,7 @@ def _a_mask_passed_through_a_region():
     # The region's output is the -inf mask again (non-finite, on purpose): it is replayed,
     # the mask's record goes on to the output, and the softmax after it is the usual one.
     mask = torch.full((4, 4), float("-inf")).triu(1)
-    flat = nn.Flatten(0)(mask)
+    flat = nn.Sequential(nn.Flatten(0), nn.Identity())(mask)
     scores = torch.randn(16, requires_grad=True)
     (scores + flat).reshape(4, 4).softmax(-1).sum().backward()
 
@@ -157,7 +157,9 @@ class _MyLinear(nn.Linear):
     (nn.BatchNorm1d(4), False),  # a replay would update the running statistics twice
     (nn.LeakyReLU(inplace=True), False),  # run again on its own output, it changes it
     (nn.Embedding(4, 2, max_norm=1.0), False),  # renormalises its weight in place
-], ids=["builtin-sequential", "transformer", "subclass", "contains-subclass", "batchnorm", "inplace-leaky", "max-norm"])
+    (nn.Flatten(), False),  # only views: op by op they are not even summed
+], ids=["builtin-sequential", "transformer", "subclass", "contains-subclass", "batchnorm", "inplace-leaky", "max-norm",
+        "only-views"])
 def test_which_modules_are_regions(module, expected):
     assert is_region(module) is expected
 
@@ -202,3 +204,15 @@ def test_an_interrupted_region_leaves_the_mode_stack_clean_at_the_end(monkeypatc
     with pytest.raises(KeyboardInterrupt):
         detect(lambda: nn.ReLU()(torch.ones(2)))
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_a_mask_a_region_passes_on_keeps_the_record_of_where_it_was_written():
+    kept = {}
+
+    def build():
+        kept["mask"] = torch.full((4, 4), float("-inf")).triu(1)
+        kept["out"] = nn.Sequential(nn.Flatten(0), nn.Identity())(kept["mask"])  # replayed: non-finite
+
+    records = detect(build).detector.records
+    assert records.get(kept["mask"]) is not None
+    assert records.get(kept["out"]) is records.get(kept["mask"])
