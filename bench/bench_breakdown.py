@@ -10,12 +10,16 @@ does per op:
   optimizer ops included: trace mode leaves those out, so this can exceed trace).
 - `sum_every_op`: the same, plus `out.sum().item()` on every float output: the cheapest
   exact finiteness check, on every op with no skipping.
-- `trace_bwd_by_op`: nandoctor's detector with backward checked op by op, as it was
-  before backward was checked node by node (and as the seeded replay still checks it).
+- `trace_bwd_by_op`: nandoctor's detector with backward checked op by op and no module
+  regions, as it was before backward was checked node by node (and as the seeded replay
+  still checks everything).
+- `trace_fwd_by_op`: the detector with backward node by node and every forward op
+  through the mode, as it was before torch.nn's modules ran as regions (detect/regions.py).
 - `trace`: nandoctor's detector (what `--mode trace` runs): ops that cannot make a NaN
   skipped, the sum check on the rest, the forward line of each autograd node, module
   names, a -inf mask's record carried, a plain backward checked node by node (see
-  detect/nodes.py), the training boundaries.
+  detect/nodes.py), torch.nn's own modules run as regions checked at their outputs (see
+  detect/regions.py), the training boundaries.
 """
 from __future__ import annotations
 
@@ -51,17 +55,18 @@ class SumEveryOp(EmptyMode):
         return out
 
 
-def _trace_backward_by_op():
+def _trace(**settings):
     from nandoctor.config import load_config
     from nandoctor.detect.detector import Detector
 
-    return Detector(dict(load_config().run, backward_by_node=False))
+    return lambda: Detector(dict(load_config().run, **settings))
 
 
 LAYERS = {
     "empty_mode": EmptyMode,
     "sum_every_op": SumEveryOp,
-    "trace_bwd_by_op": _trace_backward_by_op,
+    "trace_bwd_by_op": _trace(backward_by_node=False, module_regions=False),
+    "trace_fwd_by_op": _trace(module_regions=False),
     "trace": bench_interleaved.CHECKERS["trace"],
 }
 

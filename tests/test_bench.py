@@ -79,9 +79,9 @@ def test_the_interleaved_bench_prints_a_ratio_per_checker():
 def test_the_breakdown_bench_prints_a_ratio_per_layer_of_the_cost():
     out = run_bench("bench/bench_breakdown.py", "--rounds", "1", "--block-s", "0.02", "--models", "mlp")
     header, row = table(out, "mlp")
-    assert header.split()[1:5] == ["empty_mode", "sum_every_op", "trace_bwd_by_op", "trace"]
+    assert header.split()[1:6] == ["empty_mode", "sum_every_op", "trace_bwd_by_op", "trace_fwd_by_op", "trace"]
     ratios = [float(r) for r in re.findall(RATIO, row)]
-    assert len(ratios) == 4 and all(math.isfinite(r) and r > 0 for r in ratios)
+    assert len(ratios) == 5 and all(math.isfinite(r) and r > 0 for r in ratios)
 
 
 def test_the_overhead_bench_knows_how_long_to_run_every_model():

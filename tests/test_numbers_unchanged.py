@@ -17,15 +17,26 @@ from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
 model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
                       nn.Flatten(), nn.Linear(4 * 8 * 8, 3))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+# Regions (torch.nn modules run with the per-op mode off): a Transformer layer with dropout
+# and a -inf causal mask, and a layer whose NaN output (from a missing input) is replayed
+# and then imputed, so the replay's random draws must leave the script's stream as it was.
+encoder = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True)
+gappy = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.5))
+mask = nn.Transformer.generate_square_subsequent_mask(5)
+missing = torch.tensor([[1.0, float("nan"), 2.0], [0.5, 0.5, 0.5]])
+opt = torch.optim.AdamW([*model.parameters(), *encoder.parameters()], lr=1e-2)
 data = TensorDataset(torch.randn(64, 1, 8, 8), torch.randint(0, 3, (64,)))
 for epoch in range(2):
     for x, y in DataLoader(data, batch_size=16, shuffle=True):
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
+        with torch.no_grad():  # (its weights' gradients would hold the NaN)
+            seq = torch.nan_to_num(gappy(missing)).reshape(2, 1, 8).repeat(1, 5, 1)
+        loss = loss + encoder(seq, src_mask=mask, is_causal=True).pow(2).mean()
         loss.backward()
         opt.step()
-torch.save(model.state_dict(), sys.argv[1])
+torch.save({**model.state_dict(), **{"encoder." + k: v for k, v in encoder.state_dict().items()},
+            **{"gappy." + k: v for k, v in gappy.state_dict().items()}}, sys.argv[1])
 """
 
 
