@@ -16,6 +16,8 @@ The hot path costs one dict lookup per op to learn the op's kind:
   when an input holds a recorded non-finite value, since only then can their output be
   non-finite. CAST (`_to_copy`) is one of them when it widens (bfloat16 -> float32), and
   checked when it narrows (float32 -> float16 overflows past 65504).
+- NOT_TENSOR_MATH: the profiler's marks (`record_function`, around every optimizer.step()
+  and zero_grad()): they make no tensor, so they are run and nothing else.
 - CHECKED: everything else that returns floating-point tensors; CHECKED_INPLACE for the
   in-place ones (`div_`, `add_`), whose `self` is kept as it was before the op when it is
   small enough to copy, so a report can show the values the op received.
@@ -40,6 +42,7 @@ class OpKind(enum.Enum):
     FINITE_PRESERVING = "finite_preserving"  # finite inputs give a finite output
     CAST = "cast"  # finite-preserving when it widens the dtype's range, else checked
     UNCHECKED = "unchecked"  # a finite-preserving op whose inputs hold no recorded value: nothing to do
+    NOT_TENSOR_MATH = "not_tensor_math"  # a profiler mark (optimizer.step, zero_grad): run, nothing else
 
 
 _UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
@@ -100,6 +103,8 @@ def op_kind(func) -> OpKind:
 
 
 def _classify(func) -> OpKind:
+    if getattr(func, "namespace", None) == "profiler":
+        return OpKind.NOT_TENSOR_MATH
     name = base_name(func)
     if name in _UNINITIALISED:
         return OpKind.UNINITIALISED

@@ -26,17 +26,21 @@ anywhere below it (their Python code is the user's), BatchNorm and InstanceNorm 
 running statistics (a replay would update them twice), an in-place layer that is not
 idempotent (it changes the input the replay needs), inputs that are not plain CPU tensors
 (on an accelerator the check would be a host sync per region), a call inside a torch.func
-transform, or one made while another dispatch mode is above ours. Whether a module is a
+transform, one made while another dispatch mode is above ours or while someone else hooks
+every module (`register_module_forward_hook`: their code would run inside, unchecked).
+Dispatch modes are per thread, and so is a region. Whether a module is a
 region is decided at its first call (its own hooks at every call): a hook or a user module
 added below it later runs with the mode off, unchecked op by op, but the region's outputs
 are still checked and a replay still runs it op by op (such a hook then runs twice).
 """
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
@@ -50,11 +54,19 @@ _modes_on_stack = torch._C._len_torch_dispatch_stack
 _mode_at = torch._C._get_dispatch_stack_at
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _cpu_generator = torch.default_generator
+_thread_id = threading.get_ident
 
 # In-place layers whose second application changes nothing: run again on an input they
 # already changed in place, a replay computes the same values.
 _IDEMPOTENT_INPLACE = (nn.ReLU, nn.ReLU6, nn.Hardtanh)
 _PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def _others_hook_every_module() -> bool:
+    """Has someone besides nandoctor (two hooks of each kind: the module tracker's and
+    these) hooked every module? Their code would run inside regions, unchecked."""
+    return len(_nn_module._global_forward_pre_hooks) > 2 or len(_nn_module._global_forward_hooks) > 2 \
+        or bool(_nn_module._global_backward_hooks) or bool(_nn_module._global_backward_pre_hooks)
 
 
 def _finite_output(output) -> bool:
@@ -93,10 +105,11 @@ def is_region(module: nn.Module) -> bool:
 class _Open:
     """The region running now."""
 
-    __slots__ = ("module", "random_state", "site_line", "stretch_start")
+    __slots__ = ("module", "random_state", "site_line", "stretch_start", "thread")
 
-    def __init__(self, module, random_state, site_line, stretch_start) -> None:
+    def __init__(self, module, random_state, site_line, stretch_start, thread) -> None:
         self.module = module
+        self.thread = thread  # dispatch modes are per thread: so is a region
         self.random_state = random_state  # the CPU generator's state when the call began
         self.site_line = site_line  # (code, line) of the user's line that called it
         self.stretch_start = stretch_start  # the first autograd node number not noted yet
@@ -118,11 +131,9 @@ class ModuleRegions:
     def install(self) -> None:
         if not self.enabled:
             return
-        from torch.nn.modules import module as nn_module
-
         self._handles = [
-            nn_module.register_module_forward_pre_hook(self._enter),
-            nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
+            _nn_module.register_module_forward_pre_hook(self._enter),
+            _nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
         ]
 
     def uninstall(self) -> None:
@@ -149,7 +160,8 @@ class ModuleRegions:
     def _enter(self, module, args) -> None:
         opened = self.open
         if opened is not None:
-            self._stretch_ends(opened)  # an inner module begins: the ops so far were its parent's
+            if opened.thread == _thread_id():
+                self._stretch_ends(opened)  # an inner module begins: the ops so far were its parent's
             return
         d = self.detector
         if d.passive or self._replaying or compiling() or d.state.transform_depth:
@@ -157,7 +169,8 @@ class ModuleRegions:
         known = self._known.get(module)
         if known is None:
             known = self._known[module] = is_region(module)
-        if not known or module._forward_hooks or module._forward_pre_hooks:
+        if not known or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks \
+                or module._backward_pre_hooks or _others_hook_every_module():
             return
         depth = _modes_on_stack()
         if not depth or _mode_at(depth - 1) is not d.mode:
@@ -165,13 +178,13 @@ class ModuleRegions:
         for a in args:
             if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or a.device.type != "cpu"):
                 return
-        self.open = _Open(module, _cpu_generator.get_state(), d.locator.user_frame(1), _sequence_nr())
+        self.open = _Open(module, _cpu_generator.get_state(), d.locator.user_frame(1), _sequence_nr(), _thread_id())
         _pop_mode(None)
 
     def _leave(self, module, args, *kwargs_and_output) -> None:
         opened = self.open
-        if opened is None:
-            return
+        if opened is None or opened.thread != _thread_id():
+            return  # (another thread's module: the mode and the region are this thread's)
         self._stretch_ends(opened)
         if opened.module is not module:
             return  # an inner module ended

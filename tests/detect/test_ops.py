@@ -89,3 +89,24 @@ def test_near_miss_a_widening_cast_of_a_recorded_nan_carries_it_to_the_root():
 
     found = detect(upcast)
     assert found.stopped and found.detection.root.op == "aten.log.default"
+
+
+def test_profiler_marks_are_run_and_nothing_else():
+    # optimizer.step() and zero_grad() open a record_function each: two ops that make no
+    # tensor, and that a profiler running under nandoctor still sees.
+    from nandoctor.detect.ops import OpKind, op_kind
+
+    assert op_kind(torch.ops.profiler._record_function_enter_new.default) is OpKind.NOT_TENSOR_MATH
+    assert op_kind(torch.ops.profiler._record_function_exit._RecordFunction) is OpKind.NOT_TENSOR_MATH
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def train():
+        with torch.profiler.profile() as prof:
+            for _ in range(2):
+                opt.zero_grad()
+                (w * 2).sum().backward()
+                opt.step()
+        assert any(e.name.startswith("Optimizer.step#SGD") for e in prof.events())
+
+    assert not detect(train).stopped

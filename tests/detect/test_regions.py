@@ -164,16 +164,27 @@ def test_which_modules_are_regions(module, expected):
     assert is_region(module) is expected
 
 
-def test_a_module_with_a_hook_is_checked_op_by_op_and_the_hook_at_its_line():
-    model = nn.Linear(2, 2)
-    model.register_forward_hook(lambda module, args, out: torch.log(out - 100))
+def _log_hook(module, args, out):
+    torch.log(out - 100).sum().item()  # a NaN the hook reads back
+
+
+@pytest.mark.parametrize("on_every_module", [False, True], ids=["its-own-hook", "a-hook-on-every-module"])
+def test_a_hooked_module_is_checked_op_by_op_and_the_hook_at_its_line(on_every_module):
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    if on_every_module:
+        handle = torch.nn.modules.module.register_module_forward_hook(_log_hook)
+    else:
+        handle = model[0].register_forward_hook(_log_hook)
 
     def train():
         model(torch.ones(1, 2)).sum().backward()
 
-    found = detect(train).detection
+    try:
+        found = detect(train).detection
+    finally:
+        handle.remove()
     assert found.root.op == "aten.log.default"
-    assert found.root.location.code.startswith("model.register_forward_hook(")
+    assert found.root.location.code == "torch.log(out - 100).sum().item()  # a NaN the hook reads back"
 
 
 def test_a_region_a_ctrl_c_left_open_puts_the_mode_back(monkeypatch):
