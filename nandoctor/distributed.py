@@ -312,6 +312,7 @@ class RankRun:
         self.info = info
         self.channel = channel or PeerChannel(info)
         self.script_running = False  # the user's script runs (not nandoctor's reporting)
+        self.terminated = False  # a SIGTERM stopped the script with no claim (the launcher's, most likely)
 
     @classmethod
     def from_env(cls) -> "RankRun | None":
@@ -343,6 +344,7 @@ class RankRun:
             if self.channel.seen_claim or not self.script_running:
                 return  # already stopping: the report is being written
             signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)
+            self.terminated = True
             raise SystemExit(128 + signum)
 
         signal.signal(signal.SIGTERM, on_sigterm)

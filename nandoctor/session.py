@@ -87,6 +87,10 @@ def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankR
     if distributed is not None:
         report.distributed = distributed
         report.notes += rank_words.notes(distributed, report.error)
+        if ranks.terminated and distributed.culprit_rank is None and report.status == "clean":
+            report.status = "script_error"  # it did not finish: not a clean run
+            report.error, notes = rank_words.terminated(distributed)
+            report.notes += notes
         if distributed.stopped_by_peer:
             report.status, report.error = "nonfinite", None
             report.reason = rank_words.stopped_reason(distributed)

@@ -114,6 +114,20 @@ def test_a_peer_that_dies_is_told_apart_from_a_finding(tmp_path):
     assert elapsed < 60
 
 
+@launch
+def test_a_rank_the_launcher_stops_after_a_peer_died_says_so_not_clean(tmp_path):
+    # Rank 1 dies while rank 0 is busy with its own work: no collective fails, torchrun's
+    # SIGTERM stops rank 0, whose report must not read as a clean run.
+    proc, elapsed = _launch(tmp_path, DIE_AT="2", DIE_WHILE="busy")
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    report = _report(tmp_path)
+    assert report["status"] == "script_error" and report["error"]["type"] == "SIGTERM"
+    assert report["distributed"]["culprit_rank"] is None
+    assert any("another rank's process most likely failed" in note for note in report["notes"])
+    assert "was stopped by SIGTERM" in proc.stderr
+    assert elapsed < 60
+
+
 # -- settling: who the culprit is, which ranks went non-finite --------------------------------
 
 @pytest.fixture

@@ -33,6 +33,17 @@ def notes(dist: RankReport, error: dict | None = None) -> list[str]:
     return [head]
 
 
+def terminated(dist: RankReport) -> tuple[dict, list[str]]:
+    """A rank stopped by a SIGTERM with no claim from any rank: the report's error and note."""
+    error = {"type": "SIGTERM", "signal": "SIGTERM",
+             "message": f"rank {dist.rank} was terminated (SIGTERM) while its script ran, before any of its "
+                        "collectives failed"}
+    note = ("the launcher stops every rank once one exits with an error or dies (torchrun sends SIGTERM): "
+            "no rank found a non-finite value, so another rank's process most likely failed; look at the other "
+            "ranks' output for why")
+    return error, [note]
+
+
 def stopped_line(dist: RankReport, run_report_path: str | None) -> str | None:
     """The one line a rank that is not the run's reporter prints (none for a clean run)."""
     where = f"; the report is at {run_report_path}" if run_report_path else ""

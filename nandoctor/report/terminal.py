@@ -80,6 +80,10 @@ def _clean(report: RunReport) -> Text:
             f"[bold green]nandoctor: clean[/] — {escape(report.script)} {steps}exited {report.exit_code}. "
             f"{escape(seen[0].upper() + seen[1:])}."
         )
+    return _with_notes(text, report)
+
+
+def _with_notes(text: Text, report: RunReport) -> Text:
     for note in report.notes:
         text.append_text(Text.from_markup(f"\n[dim]note:[/] {escape(note)}"))
     return text
@@ -87,11 +91,13 @@ def _clean(report: RunReport) -> Text:
 
 def _script_error(report: RunReport) -> Text:
     err = report.error or {}
-    return Text.from_markup(
-        f"[bold yellow]nandoctor: the script raised {escape(err.get('type', 'an exception'))}[/] "
+    how = f"was stopped by {err['signal']}" if err.get("signal") else f"raised {err.get('type', 'an exception')}"
+    text = Text.from_markup(
+        f"[bold yellow]nandoctor: the script {escape(how)}[/] "
         f"(exit {report.exit_code}); no NaN or Inf was seen before it"
         + (f" ({steps_done(report.step)})." if report.step is not None else ".")
     )
+    return _with_notes(text, report)
 
 
 @dataclass(frozen=True)

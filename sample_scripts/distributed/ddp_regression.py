@@ -4,7 +4,9 @@
 #                 and batch 8 it is rank 1's batch at step 3 (one rank's bad data);
 #   LOG_ZERO=1    at step 2 every rank adds log(out * 0) to its loss (a bug every rank hits).
 #   DIE_AT=2      rank 1's process dies at step 2, a second in, while rank 0 waits for it in
-#                 the step's all-reduce (no NaN anywhere: a dead peer; rank 0's collective fails).
+#                 the step's all-reduce (no NaN anywhere: a dead peer; rank 0's collective fails);
+#                 with DIE_WHILE=busy rank 1 dies at once while rank 0 is still busy with its
+#                 own work (no collective fails: the launcher's SIGTERM stops rank 0).
 # EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
 import os, sys, time
 import torch
@@ -38,9 +40,13 @@ loader = DataLoader(Rows(), batch_size=8, sampler=sampler)
 step = 0
 for epoch in range(int(os.environ.get("EPOCHS", "1"))):
     for x, y in loader:
-        if step == int(os.environ.get("DIE_AT", "-1")) and rank == 1:
-            time.sleep(1)
-            os._exit(9)
+        busy = os.environ.get("DIE_WHILE") == "busy"
+        if step == int(os.environ.get("DIE_AT", "-1")):
+            if rank == 1:
+                time.sleep(0 if busy else 1)
+                os._exit(9)
+            elif busy:
+                time.sleep(60)
         out = model(x)
         loss = ((out - y) ** 2).mean()
         if LOG_ZERO and step == 2:

@@ -139,6 +139,16 @@ def test_a_script_error_says_nothing_was_found_before_it():
     assert "the script raised ValueError (exit 1); no NaN or Inf was seen before it" in text
 
 
+def test_a_rank_the_launcher_stopped_says_so_with_the_runs_notes():
+    from nandoctor.diagnose import ranks
+    from nandoctor.distributed import RankReport
+
+    error, notes = ranks.terminated(RankReport(2, 0, 0, "host", None, []))
+    text = rendered(RunReport(status="script_error", exit_code=143, script="t.py", step=2, error=error, notes=notes))
+    assert "the script was stopped by SIGTERM (exit 143); no NaN or Inf was seen before it" in text
+    assert "note: the launcher stops every rank" in text
+
+
 def test_sparkline_is_log_scaled_and_marks_non_finite_values():
     assert sparkline([1.0, 10.0, 100.0, 1000.0]) == "▁▃▆█"
     assert sparkline([1.0, float("nan"), None]) == "▁! "
