@@ -104,6 +104,41 @@ class _InterruptHeld:
                 self.previous(_signal.SIGINT, self.frame)
 
 
+class _ModeFullyOff:
+    """`with _ModeFullyOff(detector):` the per-op mode off torch's stack and off
+    TorchDispatchMode's own flags, for compiled code. Dynamo compiles nothing while those
+    flags say a mode is on (torch 2.9 and older; 2.13 with `inline_torch_dispatch_torch_compile`
+    off), and `Detector._suspend`, one C call, leaves them as they are: so here the mode
+    goes through its own `__exit__` and `__enter__`, as a phase's switch once did, and
+    comes back as it was (on, or off the stack with its flags set)."""
+
+    __slots__ = ("detector", "was_suspended", "switched")
+
+    def __init__(self, detector: "Detector") -> None:
+        self.detector = detector
+
+    def __enter__(self) -> None:
+        d = self.detector
+        self.was_suspended, self.switched = d._suspended, False
+        if not d._suspended and _get_current_dispatch_mode() is not d.mode:
+            return  # a script's own mode is above ours: Dynamo sees that one anyway
+        with _InterruptHeld():
+            if d._suspended:
+                _push_mode(d.mode)  # back on top, so that __exit__ takes it off with its flags
+            d.mode.__exit__(None, None, None)
+            d._suspended, self.switched = True, True
+
+    def __exit__(self, *exc) -> None:
+        if not self.switched:
+            return
+        d = self.detector
+        with _InterruptHeld():
+            d.mode.__enter__()
+            if self.was_suspended:
+                _pop_mode(None)  # off the stack again, as the phase around the call had it
+            d._suspended = self.was_suspended
+
+
 class Detector(Observer):
     """`with Detector(settings): run the script`; see the module docstring."""
 
@@ -473,13 +508,8 @@ class Detector(Observer):
         if self.passive or self.eager_compiled:
             return fn(*args, **kwargs)  # with the mode on, Dynamo runs it eagerly: every op checked
         self._last_compiled = name
-        was_suspended = self._suspended
-        self._suspend()  # the user's graphs compile and run as in plain python
-        try:
+        with _ModeFullyOff(self):  # the user's graphs compile and run as in plain python
             out = fn(*args, **kwargs)
-        finally:
-            if self._suspended and not was_suspended:
-                self._resume()
         with self.internal():
             self._check_compiled_outputs(out, name)
         return out

@@ -45,11 +45,50 @@ def _dynamo_counts(fn) -> tuple:
     return dict(counters["stats"]), dict(counters["frames"]), sum(counters["graph_break"].values())
 
 
-def test_the_compiled_model_gets_the_same_frames_graphs_and_breaks_as_under_plain_python():
-    plain = _dynamo_counts(_train)
-    under_trace = _dynamo_counts(lambda: detect(_train))
+# Dynamo's two ways to tell that a dispatch mode is on: torch's mode stack (torch 2.13's
+# default) or TorchDispatchMode's own flags (torch 2.9 and older, and 2.13 with
+# `inline_torch_dispatch_torch_compile` off). A compiled call must find no mode either way.
+_MODE_CHECKS = [True, False] if hasattr(torch._dynamo.config, "inline_torch_dispatch_torch_compile") else [None]
+
+
+@pytest.mark.parametrize("mode_stack_check", _MODE_CHECKS, ids=lambda v: {True: "stack", False: "flags"}.get(v, "flags"))
+def test_the_compiled_model_gets_the_same_frames_graphs_and_breaks_as_under_plain_python(mode_stack_check):
+    settings = {} if mode_stack_check is None else {"inline_torch_dispatch_torch_compile": mode_stack_check}
+    with torch._dynamo.config.patch(**settings):
+        plain = _dynamo_counts(_train)
+        under_trace = _dynamo_counts(lambda: detect(_train))
     assert plain[0]["unique_graphs"] >= 1
     assert under_trace == plain
+
+
+@pytest.mark.parametrize("mode_stack_check", _MODE_CHECKS, ids=lambda v: {True: "stack", False: "flags"}.get(v, "flags"))
+def test_compiled_code_called_in_a_phase_without_the_mode_compiles_and_the_phase_goes_on(mode_stack_check):
+    # Data loading runs with the per-op mode off torch's stack: a compiled transform in
+    # __getitem__ must still compile, and loading and training go on as before.
+    class Doubled(torch.utils.data.Dataset):
+        def __init__(self):
+            self.scale = torch.compile(lambda x: x * 2 + 1, backend="aot_eager")  # (as a script would, under nandoctor)
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return self.scale(torch.full((4,), float(i)))
+
+    def train():
+        w = torch.nn.Parameter(torch.ones(4))
+        for batch in torch.utils.data.DataLoader(Doubled(), batch_size=4):
+            torch.log(batch * w).sum().backward()
+        torch.log(torch.tensor([-1.0])).sum().backward()  # the mode is back on after the loader
+
+    settings = {} if mode_stack_check is None else {"inline_torch_dispatch_torch_compile": mode_stack_check}
+    with torch._dynamo.config.patch(**settings):
+        torch._dynamo.reset()
+        counters.clear()
+        found = detect(train)
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert found.stopped and found.detection.root.op == "aten.log.default"
+    assert torch._C._len_torch_dispatch_stack() == 0
 
 
 def test_parameters_end_bit_identical_to_plain_python():
