@@ -182,6 +182,7 @@ class Detector(Observer):
         self.nodes = NodeChecks(self)
         self.regions = ModuleRegions(self, module_regions)
         self._by_node: list[bool] = []  # per backward() running: did it take the mode off
+        self._armed: list[bool] = []  # per backward() running: are its nodes checked
         self._python_code: list[bool] = []  # per Python function running inside it: was the mode off
         self._hooks = hooks.TrainingHooks(self)
 
@@ -349,12 +350,14 @@ class Detector(Observer):
         roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
         by_node = plain and self._can_check_by_node(graph)
         self._by_node.append(by_node and not self._suspended)
+        self._armed.append(False)  # (True once its graph is armed: nodes.py keeps its roots)
         if by_node:
             self._suspend()  # (first: the loss's read and the arming run no op through the mode)
         with self.internal():
             self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None)
             if by_node:
                 self.nodes.arm(graph)
+                self._armed[-1] = True
         return self._backward_mark
 
     def _can_check_by_node(self, roots) -> bool:
@@ -365,6 +368,8 @@ class Detector(Observer):
                 and all(t.device.type == "cpu" for t in roots if isinstance(t, torch.Tensor)))
 
     def _backward_ended(self) -> None:
+        if self._armed and self._armed.pop():
+            self.nodes.disarm()
         if self._by_node and self._by_node.pop():
             if not self._by_node:
                 self._python_code.clear()  # (a Python node that raised never said it ended)
@@ -391,6 +396,8 @@ class Detector(Observer):
 
     def python_code_ends(self) -> None:
         if self._python_code and self._python_code.pop():
+            if self.made_nonfinite_in_backward():
+                self.nodes.arm_leaves()  # (before the engine reaches them: see nodes.py)
             self._suspend()
 
     def python_in_backward(self, fn):
@@ -429,6 +436,7 @@ class Detector(Observer):
                 if isinstance(real, torch.Tensor) and real.is_floating_point() and not all_finite(real):
                     record = self.records.get(replayed) if isinstance(replayed, torch.Tensor) else None
                     self.records.put(real, record or self.recorder.node_output(node, real))
+        self.nodes.arm_leaves()
 
     def made_nonfinite_in_backward(self) -> bool:
         return self.recorder.last_backward_order >= self._backward_mark

@@ -43,6 +43,13 @@ _UNCHECKED_NODES = frozenset({
 })
 
 
+_ACCUMULATE = "AccumulateGrad"
+
+
+def _grad_fns(roots) -> list:
+    return [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+
+
 class NodeChecks:
     """The hooks of one detector; `detector` gives `node_went_nonfinite` and the mode's
     state (`mode_suspended`, `python_code_starts` / `python_code_ends`)."""
@@ -52,6 +59,7 @@ class NodeChecks:
         # A leaf's accumulator outlives the run's graphs: its hook and mark are taken off
         # when the run ends (`release`), so a later run in the process starts clean.
         self._lasting: list[tuple[dict, object]] = []
+        self._graphs: list = []  # the roots of each backward running (a nested one last)
 
     def release(self) -> None:
         for metadata, handle in self._lasting:
@@ -59,31 +67,60 @@ class NodeChecks:
             if metadata.get(_ARMED) is self:
                 del metadata[_ARMED]
         self._lasting.clear()
+        self._graphs.clear()
 
     def arm(self, roots) -> None:
-        """Hook every node of the graph behind `roots` that is not hooked yet."""
-        # Accumulators of earlier graphs that are gone (most are: one per leaf per step).
-        self._lasting = [(m, h) for m, h in self._lasting if h.hooks_dict_ref() is not None]
-        stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        """Hook every node of the graph behind `roots` that is not hooked yet, but the
+        leaves' accumulators: they only matter once this backward has made a non-finite
+        value (rare), and are hooked then (`arm_leaves`), before the engine reaches them.
+        The roots are kept for that until `disarm`."""
+        stack = _grad_fns(roots)
         finished, starts, ends = self._node_finished, self._python_node_starts, self._python_node_ends
-        accumulated = self._leaf_accumulated
         while stack:
             node = stack.pop()
             if node is None:
                 continue
+            kind = type(node)
+            if kind.__name__ == _ACCUMULATE:
+                continue  # (a leaf: nothing behind it)
             metadata = node.metadata
             if metadata.get(_ARMED) is self:
                 continue
             metadata[_ARMED] = self  # (a graph kept across backwards is armed once)
-            kind = type(node)
             if issubclass(kind, BackwardCFunction):
                 node.register_prehook(starts)
                 node.register_hook(ends)
-            elif kind.__name__ == "AccumulateGrad":
-                self._lasting.append((metadata, node.register_hook(accumulated)))
             elif kind.__name__ not in _UNCHECKED_NODES:
                 node.register_hook(finished)
             stack.extend(fn for fn, _ in node.next_functions)
+        self._graphs.append(roots)
+
+    def disarm(self) -> None:
+        """The innermost backward ended: its graph is no longer ours to keep."""
+        self._graphs.pop()
+
+    def arm_leaves(self) -> None:
+        """A non-finite value was just made in the innermost backward: hook its leaves'
+        accumulators, so that a .grad the engine makes as a new tensor takes the record of
+        the gradient that came in. An accumulator that already ran took a finite one."""
+        if not self._graphs:
+            return
+        # Accumulators of earlier graphs that are gone (most are: one per leaf per step).
+        self._lasting = [(m, h) for m, h in self._lasting if h.hooks_dict_ref() is not None]
+        stack = _grad_fns(self._graphs[-1])
+        seen: dict[int, object] = {}  # (holding each node: a freed node's id can come back)
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen[id(node)] = node
+            if type(node).__name__ != _ACCUMULATE:
+                stack.extend(fn for fn, _ in node.next_functions)
+                continue
+            metadata = node.metadata
+            if metadata.get(_ARMED) is not self:
+                metadata[_ARMED] = self
+                self._lasting.append((metadata, node.register_hook(self._leaf_accumulated)))
 
     def _node_finished(self, grad_inputs, grad_outputs):
         detector = self.detector

@@ -49,6 +49,31 @@ def _a_linear_model_with_a_log_in_the_loss():
     (out - out.detach()).abs().pow(0.5).mean().backward()  # |0| ** 0.5: an infinite gradient
 
 
+class _Halve(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x / 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / (grad - grad)  # 0 / 0 in the user's own backward
+
+
+def _a_custom_function_into_an_existing_grad():
+    # The leaves' accumulators are hooked only once a value went non-finite: here in the
+    # user's Python code, which runs op by op, before the engine adds into w.grad.
+    w = torch.nn.Parameter(torch.ones(3))
+    (w * 2).sum().backward()  # a finite .grad first (micro-batches)
+    _Halve.apply(w).sum().backward()
+
+
+def _a_parameter_hook_into_an_existing_grad():
+    w = torch.nn.Parameter(torch.tensor([1.0, 4.0]))
+    (w * 2).sum().backward()
+    w.register_hook(lambda g: g / (g - g))  # runs just before w's own accumulator
+    (w * 3).sum().backward()
+
+
 def _a_custom_function():
     class Halve(torch.autograd.Function):
         @staticmethod
@@ -112,6 +137,7 @@ def _atan2_at_the_origin():
 
 BROKEN = [_sqrt_at_zero, _masked_division, _summed_by_the_engine, _accumulated_into_an_existing_grad,
           _a_linear_model_with_a_log_in_the_loss, _a_custom_function, _a_tensor_hook, _retained_graph_twice,
+          _a_custom_function_into_an_existing_grad, _a_parameter_hook_into_an_existing_grad,
           _checkpointed(use_reentrant=True), _a_gradient_scaler_in_float16]
 HEALTHY = [_an_infinite_gradient_masked_by_a_clamp, _atan2_at_the_origin]
 
