@@ -75,17 +75,8 @@ def _a_parameter_hook_into_an_existing_grad():
 
 
 def _a_custom_function():
-    class Halve(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x / 2
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad / (grad - grad)  # 0 / 0 in the user's own backward
-
     w = torch.nn.Parameter(torch.ones(3))
-    Halve.apply(w * 2).sum().backward()
+    _Halve.apply(w * 2).sum().backward()
 
 
 def _a_tensor_hook():
