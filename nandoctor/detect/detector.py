@@ -494,6 +494,23 @@ class Detector(Observer):
             self.boundaries.before_step(optimizer)
         self.state.in_optimizer = True
 
+    def clearing_gradients(self, optimizer, clear):
+        """zero_grad runs with the mode off: it only sets gradients to None or zeros, and
+        through the mode it cost two profiler marks' and a zeroing's dispatches a step.
+        A gradient zeroed in place no longer holds what its record said."""
+        if self._suspended or self.passive or _get_current_dispatch_mode() is not self.mode:
+            return clear()
+        self._suspend()
+        try:
+            return clear()
+        finally:
+            self._resume()
+            if self.records:
+                for group in optimizer.param_groups:
+                    for p in group["params"]:
+                        if isinstance(p.grad, torch.Tensor):
+                            self.records.forget(p.grad)
+
     def closure_started(self, optimizer) -> None:
         # The closure's forward and backward are checked op by op, in their own phase.
         self.state.in_optimizer = False

@@ -7,6 +7,7 @@ Each hook calls the observer (see observer.py for the protocol):
   A step given a closure (`optimizer.step(closure)`: LBFGS, Lightning's automatic
   optimization) runs forward and backward inside the step: the closure is wrapped so that
   its ops run in their own phase, and the gradients are checked when it returns.
+- `Optimizer.zero_grad`: the gradients cleared (nothing there can make a value non-finite).
 - `torch.nn.utils.clip_grad_norm_`: the gradient norm before clipping, for the history.
 - `torch.amp.GradScaler.scale` / `.step`: which loss was scaled, and which steps the scaler
   skipped (see amp.py).
@@ -50,6 +51,7 @@ class TrainingHooks:
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.observer.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
+        self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad)
         self._patch(torch.nn.utils, "clip_grad_norm_", self._wrap_clip)
         self._patch(GradScaler, "scale", self._wrap_scale)
         self._patch(GradScaler, "step", self._wrap_scaler_step)
@@ -118,6 +120,17 @@ class TrainingHooks:
             return result
 
         return checked_closure
+
+    def _wrap_zero_grad(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def zero_grad(optimizer, *args, **kwargs):
+            if compiling():
+                return original(optimizer, *args, **kwargs)
+            return observer.clearing_gradients(optimizer, lambda: original(optimizer, *args, **kwargs))
+
+        return zero_grad
 
     def _wrap_clip(self, original):
         observer = self.observer

@@ -10,7 +10,7 @@ mode: step boundaries only, see watch.py); the session picks one per run mode.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from nandoctor.detect.amp import ScalerTracker
 from nandoctor.detect.result import Detection, Discarded, History, WatchFinding
@@ -110,6 +110,11 @@ class Observer:
         """optimizer.step(closure) calls the closure: forward and backward run inside the
         step (LBFGS, Lightning's automatic optimization). When it returns, the step is
         about to apply its gradients: `before_optimizer_step` follows."""
+
+    def clearing_gradients(self, optimizer, clear: Callable[[], Any]) -> Any:
+        """optimizer.zero_grad(): `clear()` sets its gradients to None or to zeros, which
+        makes nothing non-finite. Returns what it returns."""
+        return clear()
 
     def gradients_clipped(self, total_norm) -> None:
         """clip_grad_norm_ measured `total_norm` (a tensor) before clipping the gradients:

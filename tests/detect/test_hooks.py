@@ -218,3 +218,45 @@ def test_the_loss_handed_to_torch_func_grad_is_checked_under_its_wrapper():
     found = detect(train)
     assert found.stopped and found.detection.reason is StopReason.LOSS
     assert found.detection.root.op == "aten.log.default" and found.detection.root.phase == "forward"
+
+
+def test_zero_grad_runs_past_the_per_op_mode_and_clears_as_plain_python(monkeypatch):
+    # Setting gradients to None or to zeros makes nothing non-finite: zero_grad runs with
+    # the mode off (its two profiler marks and the zeroing cost a dispatch each, every step).
+    from helpers import ops_through_the_mode
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    through_the_mode, grads = [], []
+
+    def train():
+        (w * 2).sum().backward()
+        seen = ops_through_the_mode(monkeypatch)
+        opt.zero_grad(set_to_none=False)
+        through_the_mode.extend(seen)
+        grads.append(w.grad)
+        opt.zero_grad()
+        through_the_mode.extend(seen)
+        grads.append(w.grad)
+
+    assert not detect(train).stopped
+    assert through_the_mode == [] and grads[0].tolist() == [0.0, 0.0, 0.0] and grads[1] is None
+
+
+def test_a_gradient_zeroed_in_place_loses_the_record_of_the_value_it_held():
+    # Step 1: a GradScaler skips a step whose gradients are Inf (each has a record). The
+    # gradients are zeroed in place, and step 2's own infinite gradient is added into them
+    # by the engine: the stop names step 2's sqrt, not the Inf the zeroing removed.
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+
+    def train():
+        scaler.scale((w * 3e38).sum() * 10).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=False)
+        torch.sqrt(w - 1).sum().backward()  # sqrt'(0) is Inf
+
+    d = detect(train).detection
+    assert d is not None and d.root.backward_node == "SqrtBackward0"
