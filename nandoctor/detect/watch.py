@@ -72,9 +72,10 @@ class StepWatcher(Observer):
 
     def before_optimizer_step(self, optimizer) -> None:
         self.optimizer_created(optimizer)
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
-                 if p.grad is not None and not p.grad.is_meta]
-        head = [t.detach().reshape(()) for t in (self._loss, self.state.clipped_from)
+        grads = [g for group in optimizer.param_groups for p in group["params"]
+                 if (g := p.grad) is not None and not g.is_meta]
+        # (Both are 0-d and hold no graph: the loss kept detached, the norm clip measured.)
+        head = [t if t.dim() == 0 else t.reshape(()) for t in (self._loss, self.state.clipped_from)
                 if isinstance(t, torch.Tensor)]
         values = head + (list(torch._foreach_norm(grads)) if grads else [])  # one reduction per gradient
         if not values:
@@ -82,8 +83,7 @@ class StepWatcher(Observer):
         # The one host sync of the step: the loss, the norm clip_grad_norm_ measured and every
         # gradient's norm in one transfer, combined here in float64 (where the squares of
         # float32 norms cannot overflow).
-        device = values[0].device
-        numbers = torch.stack([v.float() if v.device == device else v.float().to(device) for v in values]).tolist()
+        numbers = _as_floats(values)
         loss = numbers.pop(0) if self._loss is not None else None
         clipped_from = numbers.pop(0) if isinstance(self.state.clipped_from, torch.Tensor) else None
         grad_norm = math.sqrt(math.fsum(n * n for n in numbers)) if grads else None
@@ -133,3 +133,17 @@ class StepWatcher(Observer):
         if not params:
             return None
         return all(bool(torch.isfinite(p).all()) for p in params if p.is_floating_point())
+
+
+def _as_floats(values: list[torch.Tensor]) -> list[float]:
+    """0-d tensors read back as float32 numbers in one transfer. Float32 on one device (the
+    usual case) stacks as it is: a cast and a device test per value cost more than the
+    norms of a small model's gradients."""
+    try:
+        stacked = torch.stack(values)
+    except RuntimeError:  # (on several devices)
+        stacked = None
+    if stacked is None or stacked.dtype != torch.float32:
+        device = values[0].device
+        stacked = torch.stack([v.float() if v.device == device else v.float().to(device) for v in values])
+    return stacked.tolist()
