@@ -92,8 +92,10 @@ class TrainingHooks:
 
     def _patch(self, owner, name: str, wrap) -> None:
         original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
-        setattr(owner, name, wrap(original))
+        wrapper = wrap(original)
+        setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
+        self._undo.append(_scriptable_as(original, wrapper))
 
     def _before_step(self, optimizer, args, kwargs):
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
@@ -376,6 +378,20 @@ class TrainingHooks:
             return index
 
         return _next_index
+
+
+def _scriptable_as(original, wrapper):
+    """TorchScript knows torch's own functions by identity (`torch.as_tensor` is
+    aten::as_tensor, `torch.autograd.grad` aten::grad): a function the script compiles with
+    `torch.jit.script` while a wrapper stands in must find the wrapper there too, or
+    scripting fails where plain python succeeds. Returns what takes it out again."""
+    from torch.jit import _builtins
+
+    op = _builtins._find_builtin(original)
+    if op is None:
+        return lambda: None
+    _builtins._register_builtin(wrapper, op)
+    return lambda: _builtins._get_builtin_table().pop(id(wrapper), None)
 
 
 # torch.func transforms whose function runs a forward pass (the phase of its ops).

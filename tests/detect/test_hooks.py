@@ -260,3 +260,29 @@ def test_a_gradient_zeroed_in_place_loses_the_record_of_the_value_it_held():
 
     d = detect(train).detection
     assert d is not None and d.root.backward_node == "SqrtBackward0"
+
+
+def test_torch_jit_script_compiles_calls_of_the_functions_nandoctor_wraps():
+    # TorchScript knows torch.as_tensor and torch.autograd.grad by identity; with
+    # nandoctor's wrappers standing in, scripting a function that calls them failed with a
+    # TypeError where plain python compiles it. After the run no wrapper stays registered.
+    from torch.jit import _builtins
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(x) * 2
+
+    def slope(x: torch.Tensor):
+        y = (x * x).sum()
+        return torch.autograd.grad([y], [x])
+
+    results, wrappers = [], []
+
+    def train():
+        wrappers.extend([torch.as_tensor, torch.autograd.grad])
+        results.append(torch.jit.script(scaled)(torch.ones(2)).tolist())
+        results.append(torch.jit.script(slope)(torch.tensor([3.0], requires_grad=True))[0].tolist())
+
+    assert not detect(train).stopped
+    assert results == [[2.0, 2.0], [6.0]]
+    assert torch.as_tensor is not wrappers[0]  # (they were nandoctor's while it ran)
+    assert all(_builtins._find_builtin(w) is None for w in wrappers)
