@@ -32,7 +32,8 @@ _ARMED = "nandoctor.armed"  # a node's metadata key: its hooks are in place (gra
 # Nodes whose gradient is the one they received, moved (a view, a transpose, a copy, a
 # select into zeros): nothing non-finite starts there, and what passes through keeps its
 # storage or reaches the next checked node, so they go unchecked (most nodes of a
-# Transformer). A leaf's accumulator has its own hook (see `_leaf_accumulated`).
+# Transformer). A leaf's accumulator gets its own hook once a backward has made a
+# non-finite value (see `arm_leaves`).
 _UNCHECKED_NODES = frozenset({
     "AliasBackward0", "AsStridedBackward0", "CatBackward0", "CloneBackward0",
     "DetachBackward0", "NarrowBackward0", "PermuteBackward0", "ReshapeAliasBackward0", "SelectBackward0",
