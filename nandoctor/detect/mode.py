@@ -14,11 +14,14 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nandoctor.detect.ops import OpKind, cast_widens, is_inplace, op_kind, writes_nonfinite_scalar
 
 _current_node = torch._C._current_autograd_node
+_jit_tracing = torch._C._get_tracing_state
 _sequence_nr = torch._C._autograd._get_sequence_nr
 
 # Elements of an in-place op's `self` copied before the op (a few µs at this size); larger
@@ -34,14 +37,27 @@ def _before(args) -> torch.Tensor | None:
     return None
 
 
+# Tensors that hold no values: torch.export, make_fx and torch.compile's tracing run the
+# model on them. Reading one (`.item()`) would add a symbol or a guard to their trace.
+_TRACED = (FakeTensor, FunctionalTensor)
+
+
 def _finite(t: torch.Tensor) -> bool:
     """Cheap and one-sided: True proves every element finite; False may be an overflow."""
+    if type(t) is not torch.Tensor and isinstance(t, _TRACED):
+        return True
+    if _jit_tracing() is not None:  # torch.jit.trace records every op run, a check's too
+        return True
     if not t.is_floating_point() or t.numel() == 0:
         return True
     try:
         return math.isfinite(t.item() if t.dim() == 0 else t.sum().item())  # (a loss: no sum to make)
     except (RuntimeError, NotImplementedError):  # meta and fake tensors hold no values to check
         return True
+
+
+def _traced(types) -> bool:
+    return any(issubclass(t, _TRACED) for t in types)
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -84,7 +100,7 @@ class CheckingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         d = self.detector
-        if d.passive:
+        if d.passive or (types and _traced(types)):  # (a trace of the model: no values to check)
             return func(*args, **kwargs)
         kind = op_kind(func)
         if kind is OpKind.NOT_TENSOR_MATH:

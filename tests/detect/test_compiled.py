@@ -2,6 +2,8 @@
 python gets, and what compiled code makes is still found."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -118,3 +120,33 @@ def test_run_eagerly_as_the_replay_does_the_op_inside_the_compiled_code_is_found
     root = found.detection.root
     assert root.op == "aten.log.default"
     assert root.location.function == "forward" and "torch.log(h * 0)" in root.location.code
+
+
+def _export_and_trace() -> tuple[str, str]:
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 8)
+    exported = torch.export.export(model, (x,))
+    traced = torch.jit.trace(model, x)
+    assert torch.equal(exported.module()(x), model(x)) and torch.equal(traced(x), model(x))
+    # (A class traced again gets a mangled TorchScript name: the names are not the program.)
+    return str(exported.graph), re.sub(r"___torch_mangle_\d+\.", "", str(traced.inlined_graph))
+
+
+def test_torch_export_and_jit_trace_record_the_same_programs_as_under_plain_python():
+    # Both run the model once to record it, export on tensors without values. A check's
+    # read of one added a symbol to export's trace, which then failed
+    # (PendingUnbackedSymbolNotFound); under jit.trace the checks' own ops were recorded
+    # and warned (TracerWarning). Neither is checked now, and the programs are python's.
+    import warnings
+
+    plain = _export_and_trace()
+    under, recorded = [], []
+
+    def run():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            under.append(_export_and_trace())
+        recorded.extend(w for w in seen if issubclass(w.category, torch.jit.TracerWarning))
+
+    assert not detect(run).stopped
+    assert under == [plain] and recorded == []
