@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nandoctor.detect.ops import OpKind, cast_widens, is_inplace, op_kind, writes_nonfinite_scalar
+from nandoctor.detect.ops import OpKind, cast_widens, is_inplace, op_kind, value_outputs, writes_nonfinite_scalar
 
 _current_node = torch._C._current_autograd_node
 _jit_tracing = torch._C._get_tracing_state
@@ -156,7 +156,7 @@ class CheckingMode(TorchDispatchMode):
             return
         if out is None and is_inplace(func) and args:  # _foreach_*_ ops return nothing
             out = args[0]
-        if isinstance(out, (tuple, list)) and not _all_finite(out):
+        if isinstance(out, (tuple, list)) and not _all_finite(out := value_outputs(func, out)):
             for item in out:  # each one: a convolution's grad_input, grad_weight and grad_bias
                 if isinstance(item, torch.Tensor) and not _finite(item):
                     d.on_nonfinite(func, args, kwargs, item, node, created)

@@ -95,6 +95,18 @@ def base_name(func) -> str:
     return func._opname if hasattr(func, "_opname") else str(func).split(".")[-2]
 
 
+# Ops whose outputs after the first are workspaces kept for backward, in part never
+# written: `_ctc_loss`'s log_alpha is `empty()` past each sequence's input length, so its
+# garbage could read as a NaN or an Inf made by the op (which one depended on what the
+# allocator handed out). Only the first output is the op's value.
+_WORKSPACES_AFTER_FIRST = {"_ctc_loss"}
+
+
+def value_outputs(func, outputs):
+    """The outputs of `func` that hold values (a multi-output op's)."""
+    return outputs[:1] if base_name(func) in _WORKSPACES_AFTER_FIRST else outputs
+
+
 def op_kind(func) -> OpKind:
     kind = _kinds.get(func)
     if kind is None:

@@ -110,3 +110,26 @@ def test_profiler_marks_are_run_and_nothing_else():
         assert any(e.name.startswith("Optimizer.step#SGD") for e in prof.events())
 
     assert not detect(train).stopped
+
+
+def test_a_ctc_loss_workspace_is_not_taken_for_values_the_op_made():
+    # _ctc_loss returns its loss and log_alpha, a workspace kept for backward that is
+    # `empty()` past each sequence's input length. Here the allocator is handed NaN-filled
+    # memory just before, so that garbage is NaN: a healthy CTC step makes nothing.
+    import torch.nn.functional as F
+
+    T, N, C, S = 60, 4, 6, 3
+    torch.manual_seed(0)
+    log_probs = torch.randn(T, N, C).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, C, (N, S))
+    input_lengths, target_lengths = torch.tensor([T, 10, 10, 10]), torch.full((N,), S)
+
+    def train():
+        for _ in range(3):
+            torch.full((N, T, 2 * S + 1), float("nan"))  # freed at once: its memory comes back
+            loss = F.ctc_loss(log_probs, targets, input_lengths, target_lengths)
+            loss.backward()
+            read_back(loss)
+
+    detected = detect(train)
+    assert not detected.stopped and detected.detector.discarded() == []
