@@ -182,7 +182,6 @@ class Detector(Observer):
         self.nodes = NodeChecks(self)
         self.regions = ModuleRegions(self, module_regions)
         self._by_node: list[bool] = []  # per backward() running: did it take the mode off
-        self._armed: list[bool] = []  # per backward() running: are its nodes checked
         self._python_code: list[bool] = []  # per Python function running inside it: was the mode off
         self._hooks = hooks.TrainingHooks(self)
 
@@ -350,14 +349,13 @@ class Detector(Observer):
         roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
         by_node = plain and self._can_check_by_node(graph)
         self._by_node.append(by_node and not self._suspended)
-        self._armed.append(False)  # (True once its graph is armed: nodes.py keeps its roots)
+        self.nodes.begin(graph if by_node else None)
         if by_node:
             self._suspend()  # (first: the loss's read and the arming run no op through the mode)
         with self.internal():
             self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None)
             if by_node:
-                self.nodes.arm(graph)
-                self._armed[-1] = True
+                self.nodes.arm()
         return self._backward_mark
 
     def _can_check_by_node(self, roots) -> bool:
@@ -368,8 +366,7 @@ class Detector(Observer):
                 and all(t.device.type == "cpu" for t in roots if isinstance(t, torch.Tensor)))
 
     def _backward_ended(self) -> None:
-        if self._armed and self._armed.pop():
-            self.nodes.disarm()
+        self.nodes.end()
         if self._by_node and self._by_node.pop():
             if not self._by_node:
                 self._python_code.clear()  # (a Python node that raised never said it ended)
@@ -498,13 +495,13 @@ class Detector(Observer):
         """zero_grad runs with the mode off: it only sets gradients to None or zeros, and
         through the mode it cost two profiler marks' and a zeroing's dispatches a step.
         A gradient zeroed in place no longer holds what its record said."""
-        if self._suspended or self.passive or _get_current_dispatch_mode() is not self.mode:
-            return clear()
-        self._suspend()
+        was_suspended = self._suspended
+        self._suspend()  # (only when ours is the innermost mode)
         try:
             return clear()
         finally:
-            self._resume()
+            if not was_suspended:
+                self._resume()
             if self.records:
                 for group in optimizer.param_groups:
                     for p in group["params"]:

@@ -70,12 +70,21 @@ class NodeChecks:
         self._lasting.clear()
         self._graphs.clear()
 
-    def arm(self, roots) -> None:
-        """Hook every node of the graph behind `roots` that is not hooked yet, but the
+    def begin(self, roots) -> None:
+        """A backward starts: `roots` when it is checked node by node (kept until `end`,
+        for `arm` and `arm_leaves`), else None."""
+        self._graphs.append(roots)
+
+    def end(self) -> None:
+        """The innermost backward ended: its graph is no longer ours to keep."""
+        if self._graphs:
+            self._graphs.pop()
+
+    def arm(self) -> None:
+        """Hook every node of the innermost backward's graph that is not hooked yet, but the
         leaves' accumulators: they only matter once this backward has made a non-finite
-        value (rare), and are hooked then (`arm_leaves`), before the engine reaches them.
-        The roots are kept for that until `disarm`."""
-        stack = _grad_fns(roots)
+        value (rare), and are hooked then (`arm_leaves`), before the engine reaches them."""
+        stack = _grad_fns(self._graphs[-1])
         finished, starts, ends = self._node_finished, self._python_node_starts, self._python_node_ends
         while stack:
             node = stack.pop()
@@ -94,17 +103,12 @@ class NodeChecks:
             elif kind.__name__ not in _UNCHECKED_NODES:
                 node.register_hook(finished)
             stack.extend(fn for fn, _ in node.next_functions)
-        self._graphs.append(roots)
-
-    def disarm(self) -> None:
-        """The innermost backward ended: its graph is no longer ours to keep."""
-        self._graphs.pop()
 
     def arm_leaves(self) -> None:
         """A non-finite value was just made in the innermost backward: hook its leaves'
         accumulators, so that a .grad the engine makes as a new tensor takes the record of
         the gradient that came in. An accumulator that already ran took a finite one."""
-        if not self._graphs:
+        if not self._graphs or self._graphs[-1] is None:
             return
         # Accumulators of earlier graphs that are gone (most are: one per leaf per step).
         self._lasting = [(m, h) for m, h in self._lasting if h.hooks_dict_ref() is not None]
