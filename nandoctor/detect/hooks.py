@@ -95,7 +95,7 @@ class TrainingHooks:
         wrapper = wrap(original)
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
-        self._undo.append(_scriptable_as(original, wrapper))
+        self._undo.append(scriptable_as(original, wrapper))
 
     def _before_step(self, optimizer, args, kwargs):
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
@@ -380,7 +380,7 @@ class TrainingHooks:
         return _next_index
 
 
-def _scriptable_as(original, wrapper):
+def scriptable_as(original, wrapper):
     """TorchScript knows torch's own functions by identity (`torch.as_tensor` is
     aten::as_tensor, `torch.autograd.grad` aten::grad): a function the script compiles with
     `torch.jit.script` while a wrapper stands in must find the wrapper there too, or

@@ -32,9 +32,16 @@ Dispatch modes are per thread, and so is a region. Whether a module is a
 region is decided at its first call (its own hooks at every call): a hook or a user module
 added below it later runs with the mode off, unchecked op by op, but the region's outputs
 are still checked and a replay still runs it op by op (such a hook then runs twice).
+
+A loss called as a function is a region too, where its one C call runs several ATen ops:
+`F.cross_entropy` is a log_softmax, the detach of what it saves and an nll_loss (a dozen
+ops with label smoothing or probabilities as targets), three trips through Python a step
+that `nn.CrossEntropyLoss`, a module region, does not make. The C function is wrapped
+while the detector runs, under the same rules as a module call.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -45,7 +52,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from nandoctor.detect.batches import tensors_in
-from nandoctor.detect.compiled import compiling
+from nandoctor.detect.compiled import code_of, compiling
+from nandoctor.detect.hooks import scriptable_as
 from nandoctor.detect.mode import _finite, all_finite
 
 _pop_mode = torch._C._pop_torch_dispatch_stack
@@ -80,6 +88,11 @@ def _finite_output(output) -> bool:
 _ONLY_MOVES = (nn.Identity, nn.Flatten, nn.Unflatten)
 
 
+# Functions that run as regions (see the module docstring): (owner, name) of C functions
+# that torch.nn.functional looks up at each call.
+_FUNCTIONS = ((torch._C._nn, "cross_entropy_loss"),)
+
+
 def is_region(module: nn.Module) -> bool:
     """Can a call of `module` run with the per-op mode off and be replayed exactly (and is
     it worth it)?"""
@@ -108,7 +121,7 @@ class _Open:
     __slots__ = ("module", "random_state", "site_line", "stretch_start", "thread")
 
     def __init__(self, module, random_state, site_line, stretch_start, thread) -> None:
-        self.module = module
+        self.module = module  # (or the function)
         self.thread = thread  # dispatch modes are per thread: so is a region
         self.random_state = random_state  # the CPU generator's state when the call began
         self.site_line = site_line  # (code, line) of the user's line that called it
@@ -127,6 +140,7 @@ class ModuleRegions:
         self._replaying = 0
         self._known: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
         self._handles: list = []
+        self._undo: list = []
 
     def install(self) -> None:
         if not self.enabled:
@@ -135,15 +149,22 @@ class ModuleRegions:
             _nn_module.register_module_forward_pre_hook(self._enter),
             _nn_module.register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
         ]
+        for owner, name in _FUNCTIONS:
+            original = getattr(owner, name)
+            wrapper = self._function_region(original)
+            setattr(owner, name, wrapper)
+            self._undo += [functools.partial(setattr, owner, name, original), scriptable_as(original, wrapper)]
 
     def uninstall(self) -> None:
         self.open = None  # (the detector puts its mode back on the stack)
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        while self._undo:
+            self._undo.pop()()
 
     def runtime_code(self) -> list:
-        return [ModuleRegions._enter.__code__, ModuleRegions._leave.__code__]
+        return code_of(ModuleRegions._enter, ModuleRegions._leave, ModuleRegions._function_region)
 
     def close_interrupted(self) -> None:
         """A region whose call never returned (a KeyboardInterrupt, or another
@@ -163,8 +184,7 @@ class ModuleRegions:
             if opened.thread == _thread_id():
                 self._stretch_ends(opened)  # an inner module begins: the ops so far were its parent's
             return
-        d = self.detector
-        if d.passive or self._replaying or compiling() or d.state.transform_depth:
+        if not self._may_open():  # (first: Dynamo traces this hook, and must see no more of it)
             return
         known = self._known.get(module)
         if known is None:
@@ -172,14 +192,25 @@ class ModuleRegions:
         if not known or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks \
                 or module._backward_pre_hooks or _others_hook_every_module():
             return
+        self._open(module, args)
+
+    def _may_open(self) -> bool:
+        d = self.detector
+        return not (d.passive or self._replaying or compiling() or d.state.transform_depth)
+
+    def _open(self, called, args) -> _Open | None:
+        """Take the per-op mode off for this call of `called` (a module or a function) and
+        return the open region; None when the call cannot be one and stays op by op."""
+        d = self.detector
         depth = _modes_on_stack()
         if not depth or _mode_at(depth - 1) is not d.mode:
-            return  # the mode is off already (optimizer, data), or a script's mode is above ours
+            return None  # the mode is off already (optimizer, data), or a script's mode is above ours
         for a in args:
             if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or a.device.type != "cpu"):
-                return
-        self.open = _Open(module, _cpu_generator.get_state(), d.locator.user_frame(1), _sequence_nr(), _thread_id())
+                return None
+        self.open = _Open(called, _cpu_generator.get_state(), d.locator.user_frame(1), _sequence_nr(), _thread_id())
         _pop_mode(None)
+        return self.open
 
     def _leave(self, module, args, *kwargs_and_output) -> None:
         opened = self.open
@@ -192,7 +223,32 @@ class ModuleRegions:
         finite = len(kwargs_and_output) != 2 or _finite_output(kwargs_and_output[1])  # (with the mode still off)
         _push_mode(self.detector.mode)
         if not finite:  # (torch calls always-called hooks without kwargs when forward raised)
-            self._replay(opened, module, args, *kwargs_and_output)
+            kwargs, output = kwargs_and_output
+            self._replay(opened, lambda: module(*args, **kwargs), args, output)
+
+    def _function_region(self, original):
+        """`original`, a C function of torch's, called as a region (see the module docstring)."""
+        regions = self
+
+        @functools.wraps(original)
+        def region(*args, **kwargs):
+            if compiling():  # (Dynamo traces through: the user's graph gets torch's own function)
+                return original(*args, **kwargs)
+            opened = regions._open(original, args) if regions.open is None and regions._may_open() else None
+            if opened is None:
+                return original(*args, **kwargs)
+            try:
+                output = original(*args, **kwargs)
+                finite = _finite_output(output)  # (with the mode still off)
+            finally:
+                regions._stretch_ends(opened)
+                regions.open = None
+                _push_mode(regions.detector.mode)
+            if not finite:
+                regions._replay(opened, lambda: original(*args, **kwargs), args, output)
+            return output
+
+        return region
 
     def _stretch_ends(self, opened: _Open) -> None:
         """Autograd nodes built since the last inner module boundary were built in the
@@ -204,7 +260,7 @@ class ModuleRegions:
 
     # -- the rare path -------------------------------------------------------------------
 
-    def _replay(self, opened: _Open, module, args, kwargs, output) -> None:
+    def _replay(self, opened: _Open, call, args, output) -> None:
         """Run the call again under the per-op mode, from its inputs and starting random
         state: its ops are checked and recorded one by one (a stop raises from here, as
         from the op itself), and the records of what it returned pass to the real outputs."""
@@ -214,7 +270,7 @@ class ModuleRegions:
         self._replaying += 1
         again = None
         try:
-            again = module(*args, **kwargs)
+            again = call()
         except Exception:  # noqa: BLE001 - it does not run twice: its outputs are recorded as they are
             pass
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from helpers import detect, ops_through_the_mode
@@ -88,8 +89,17 @@ def _a_mask_passed_through_a_region():
     (scores + flat).reshape(4, 4).softmax(-1).sum().backward()
 
 
+def _label_smoothing_over_a_masked_class():
+    # F.cross_entropy, a function region: smoothing spreads weight over the class masked to
+    # -inf, whose log-probability is -inf. The replay finds the op inside the C call.
+    torch.manual_seed(0)
+    logits = nn.Linear(4, 3)(torch.randn(5, 4)).masked_fill(torch.tensor([False, False, True]), float("-inf"))
+    F.cross_entropy(logits, torch.tensor([0, 1, 0, 1, 0]), label_smoothing=0.1).backward()
+
+
 BROKEN = [_overflow_then_inf_minus_inf, _attention_with_a_fully_masked_row, _dropout_before_an_overflow,
-          _an_infinite_gradient_inside_a_linear, _a_log_in_the_loss_after_a_region, _a_suspect_input_through_a_region]
+          _an_infinite_gradient_inside_a_linear, _a_log_in_the_loss_after_a_region, _a_suspect_input_through_a_region,
+          _label_smoothing_over_a_masked_class]
 HEALTHY = [_a_transformer_with_a_causal_mask, _a_mask_passed_through_a_region]
 
 
@@ -227,3 +237,69 @@ def test_a_mask_a_region_passes_on_keeps_the_record_of_where_it_was_written():
     records = detect(build).detector.records
     assert records.get(kept["mask"]) is not None
     assert records.get(kept["out"]) is records.get(kept["mask"])
+
+
+# -- a loss called as a function ---------------------------------------------------------
+
+def _classify(label_smoothing=0.0):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    return lambda: F.cross_entropy(model(x), y, label_smoothing=label_smoothing).backward()
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_cross_entropy_called_as_a_function_runs_no_op_through_python(monkeypatch, label_smoothing):
+    step = _classify(label_smoothing)
+    seen = ops_through_the_mode(monkeypatch)
+    assert not detect(step).stopped
+    assert seen == []
+    assert not detect(step, module_regions=False).stopped
+    assert torch.ops.aten._log_softmax.default in seen  # (op by op, what the replay runs)
+
+
+def test_the_backward_of_a_function_region_keeps_the_users_line():
+    # The nodes built inside F.cross_entropy are noted at the line that called it: an
+    # infinite gradient made there (3e38, weighted by 10) is reported at that line.
+    def train():
+        torch.manual_seed(0)
+        logits = nn.Linear(4, 3)(torch.randn(5, 4))
+        loss = F.cross_entropy(logits, torch.tensor([0, 1, 2, 1, 0]), weight=torch.full((3,), 10.0), reduction="sum")
+        loss.backward(torch.tensor(3e38))
+
+    found = detect(train).detection
+    assert found.root.phase == "backward" and found.root.backward_node == "NllLossBackward0"
+    assert found.root.location.code.startswith("loss = F.cross_entropy(logits")
+    assert _what_a_report_says(detect(train)) == _what_a_report_says(detect(train, module_regions=False))
+
+
+def test_a_loss_that_raises_puts_the_mode_back():
+    def train():
+        try:
+            F.cross_entropy(torch.randn(2, 3), torch.tensor([0, 7]))  # a target out of range
+        except IndexError:
+            pass
+        torch.log(torch.zeros(1, requires_grad=True)).sum().backward()  # still checked op by op
+
+    found = detect(train).detection
+    assert found is not None and found.root.op == "aten.log.default"
+
+
+def test_a_compiled_or_scripted_loss_is_torchs_own_function():
+    # Dynamo traces through the wrapper to torch's C function (fullgraph: no break), and
+    # TorchScript finds the wrapper as aten::cross_entropy_loss; both give plain python's loss.
+    logits, target = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
+
+    def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(x, y, label_smoothing=0.1)
+
+    plain = loss(logits, target)
+    results = []
+
+    def train():
+        torch._dynamo.reset()
+        results.append(torch.compile(loss, fullgraph=True, backend="eager")(logits, target))
+        results.append(torch.jit.script(loss)(logits, target))
+
+    assert not detect(train).stopped
+    assert all(torch.equal(r, plain) for r in results) and len(results) == 2
