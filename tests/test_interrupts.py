@@ -101,14 +101,14 @@ def test_ctrl_c_in_the_scripts_own_code_shows_its_line(tmp_path, script):
     assert_interrupted_at_step_2(tmp_path, script, source, shown_line="signal.raise_signal")
 
 
-def assert_interrupted_at_step_2(tmp_path, script, source: str, shown_line: str) -> None:
-    """`nandoctor run` of `source` ends interrupted at step 2, its traceback at the line
-    holding `shown_line`."""
+def assert_interrupted_at_step_2(tmp_path, script, source: str, shown_line: str, steps_done: int = 2) -> None:
+    """`nandoctor run` of `source` ends interrupted in the loop's step 2 (`steps_done`
+    optimizer steps completed), its traceback at the line holding `shown_line`."""
     script("train.py", source)
     result = run_nandoctor(["run", "train.py"], tmp_path)
     assert_interrupted(result.code, result.stderr, result.report)
     assert f'train.py", line {line_of(source, shown_line)}, in <module>\n' in result.stderr
-    assert result.report["step"] == 2
+    assert result.report["step"] == steps_done
 
 
 # Sends SIGINT during optimizer.step(), where nandoctor takes its per-op mode off torch's
@@ -127,14 +127,14 @@ def profiler(frame, event, arg):
 """
 
 
-@pytest.mark.parametrize("where", [
-    "torch._C._pop_torch_dispatch_stack",  # taken off, not yet noted as off
-    "torch._C._push_on_torch_dispatch_stack",  # put back, not yet noted as on
+@pytest.mark.parametrize("where, steps_done", [
+    ("torch._C._pop_torch_dispatch_stack", 2),  # taken off as the step starts, not yet noted as off
+    ("torch._C._push_on_torch_dispatch_stack", 3),  # put back once the step is done, not yet noted as on
 ])
-def test_ctrl_c_while_nandoctor_switches_its_mode_ends_the_run_as_anywhere_else(tmp_path, script, where):
+def test_ctrl_c_while_nandoctor_switches_its_mode_ends_the_run_as_anywhere_else(tmp_path, script, where, steps_done):
     source = TRAIN.format(setup=MODE_SWITCH.format(where=where),
                           step_2="if step == 2:\n        sys.setprofile(profiler)")
-    assert_interrupted_at_step_2(tmp_path, script, source, shown_line="opt.step()")
+    assert_interrupted_at_step_2(tmp_path, script, source, shown_line="opt.step()", steps_done=steps_done)
 
 
 IGNORED = """\

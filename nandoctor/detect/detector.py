@@ -177,6 +177,7 @@ class Detector(Observer):
         self.detection: Detection | None = None
         self.mode = CheckingMode(self)
         self._suspended = False
+        self._stepping = 0  # optimizer.step() calls running (see `stepping`)
         self._scaled_backward = False
         self._backward_mark = 0
         self.nodes = NodeChecks(self)
@@ -495,18 +496,36 @@ class Detector(Observer):
         """zero_grad runs with the mode off: it only sets gradients to None or zeros, and
         through the mode it cost two profiler marks' and a zeroing's dispatches a step.
         A gradient zeroed in place no longer holds what its record said."""
-        was_suspended = self._suspended
-        self._suspend()  # (only when ours is the innermost mode)
         try:
-            return clear()
+            return self._mode_off_for(clear)
         finally:
-            if not was_suspended:
-                self._resume()
             if self.records:
                 for group in optimizer.param_groups:
                     for p in group["params"]:
                         if isinstance(p.grad, torch.Tensor):
                             self.records.forget(p.grad)
+
+    def stepping(self, optimizer, step):
+        """The whole step runs with the mode off, the profiler mark torch puts around it
+        included (two ops a step); its boundaries check the update."""
+        if self.check_optimizer_ops:
+            return step()
+        self._stepping += 1
+        try:
+            return self._mode_off_for(step)
+        finally:
+            self._stepping -= 1
+
+    def _mode_off_for(self, call):
+        """`call()` with the per-op mode off (only when ours is the innermost mode), and back
+        as it was after."""
+        was_suspended = self._suspended
+        self._suspend()
+        try:
+            return call()
+        finally:
+            if not was_suspended:
+                self._resume()
 
     def closure_started(self, optimizer) -> None:
         # The closure's forward and backward are checked op by op, in their own phase.
@@ -518,7 +537,8 @@ class Detector(Observer):
         if not self.check_optimizer_ops:
             with self.internal():
                 self.boundaries.after_step(optimizer)
-        self._resume()
+        if not self._stepping:  # (else `stepping` puts it back, after torch's profiler mark)
+            self._resume()
         self.deferred.suspects.clear()
         try:
             super().after_optimizer_step(optimizer)

@@ -43,6 +43,7 @@ class TrainingHooks:
     def __init__(self, observer) -> None:
         self.observer = observer
         self._undo: list = []
+        self._steps_hooked: set = set()
 
     def install(self) -> None:
         self._patch(torch.autograd, "backward", self._wrap_backward)
@@ -327,8 +328,32 @@ class TrainingHooks:
         def __init__(optimizer, *args, **kwargs):
             original(optimizer, *args, **kwargs)
             observer.optimizer_created(optimizer)
+            self._hook_step_of(type(optimizer))
 
         return __init__
+
+    def _hook_step_of(self, cls) -> None:
+        """A whole `step()` of this optimizer class goes through the observer (`stepping`).
+        torch wraps each class's step in a profiler mark when its first optimizer is made;
+        the mark's two ops run before the step's pre-hooks can take the per-op mode off.
+        The step hooked is the one the class runs: a subclass made after its base's first
+        optimizer inherits the base's wrapped step."""
+        owner = next((c for c in cls.__mro__ if "step" in c.__dict__), None)
+        if owner is not None and owner not in self._steps_hooked:
+            self._steps_hooked.add(owner)
+            self._patch(owner, "step", self._wrap_step)
+            self._undo.append(lambda: self._steps_hooked.discard(owner))
+
+    def _wrap_step(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)  # (its `hooked` too: torch does not wrap it again)
+        def step(optimizer, *args, **kwargs):
+            if compiling():
+                return original(optimizer, *args, **kwargs)
+            return observer.stepping(optimizer, lambda: original(optimizer, *args, **kwargs))
+
+        return step
 
     def _wrap_iter(self, original):
         observer = self.observer

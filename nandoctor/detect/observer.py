@@ -111,6 +111,12 @@ class Observer:
         step (LBFGS, Lightning's automatic optimization). When it returns, the step is
         about to apply its gradients: `before_optimizer_step` follows."""
 
+    def stepping(self, optimizer, step: Callable[[], Any]) -> Any:
+        """optimizer.step() is called: `step()` runs it, its own hooks included (the
+        boundaries around the update: before_optimizer_step, after_optimizer_step).
+        Returns what it returns."""
+        return step()
+
     def clearing_gradients(self, optimizer, clear: Callable[[], Any]) -> Any:
         """optimizer.zero_grad(): `clear()` sets its gradients to None or to zeros, which
         makes nothing non-finite. Returns what it returns."""

@@ -243,6 +243,33 @@ def test_zero_grad_runs_past_the_per_op_mode_and_clears_as_plain_python(monkeypa
     assert through_the_mode == [] and grads[0].tolist() == [0.0, 0.0, 0.0] and grads[1] is None
 
 
+def test_a_step_runs_past_the_per_op_mode_profiler_mark_included_and_the_class_gets_its_step_back(monkeypatch):
+    # torch wraps every optimizer class's step in a profiler mark (two ops) before the
+    # step's pre-hooks run: the whole step runs with the mode off, checked at its boundaries.
+    from helpers import ops_through_the_mode
+
+    class Momentum(torch.optim.SGD):
+        pass
+
+    torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)  # (SGD's step is torch's: the subclass inherits it)
+    w = torch.nn.Parameter(torch.ones(3))
+    through_the_mode, steps = [], []
+
+    def train():
+        opt = Momentum([w], lr=0.1, momentum=0.9)
+        (w * 2).sum().backward()
+        steps.append(torch.optim.SGD.step)
+        seen = ops_through_the_mode(monkeypatch)
+        opt.step()
+        through_the_mode.extend(seen)
+        torch.log(w - w).sum().backward()  # after the step the mode is back on: op by op
+
+    found = detect(train)
+    assert found.detection.root.op == "aten.log.default"
+    assert through_the_mode == [] and w.tolist() == [torch.tensor(0.8).item()] * 3
+    assert torch.optim.SGD.step is not steps[0] and torch.optim.SGD.step.hooked  # torch's own wrapper again
+
+
 def test_a_gradient_zeroed_in_place_loses_the_record_of_the_value_it_held():
     # Step 1: a GradScaler skips a step whose gradients are Inf (each has a record). The
     # gradients are zeroed in place, and step 2's own infinite gradient is added into them
