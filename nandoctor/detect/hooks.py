@@ -52,6 +52,9 @@ class TrainingHooks:
         post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.observer.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
+        for cls in _subclasses(torch.optim.Optimizer):  # optimizers made before: torch wrapped their step
+            if getattr(cls.__dict__.get("step"), "hooked", False):
+                self._hook_step_of(cls)
         self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad)
         self._patch(torch.nn.utils, "clip_grad_norm_", self._wrap_clip)
         self._patch(GradScaler, "scale", self._wrap_scale)
@@ -421,6 +424,15 @@ def scriptable_as(original, wrapper):
 
 # torch.func transforms whose function runs a forward pass (the phase of its ops).
 _TRANSFORMS = ("grad", "grad_and_value", "vjp", "jacrev", "jacfwd", "hessian", "vmap", "jvp")
+
+
+def _subclasses(cls) -> list:
+    found, stack = [], list(cls.__subclasses__())
+    while stack:
+        sub = stack.pop()
+        found.append(sub)
+        stack.extend(sub.__subclasses__())
+    return found
 
 
 def in_transform() -> bool:

@@ -245,22 +245,27 @@ def test_zero_grad_runs_past_the_per_op_mode_and_clears_as_plain_python(monkeypa
 
 def test_a_step_runs_past_the_per_op_mode_profiler_mark_included_and_the_class_gets_its_step_back(monkeypatch):
     # torch wraps every optimizer class's step in a profiler mark (two ops) before the
-    # step's pre-hooks run: the whole step runs with the mode off, checked at its boundaries.
+    # step's pre-hooks run: the whole step runs with the mode off, checked at its boundaries,
+    # for an optimizer made in the run and for one made before it.
     from helpers import ops_through_the_mode
 
     class Momentum(torch.optim.SGD):
         pass
 
-    torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)  # (SGD's step is torch's: the subclass inherits it)
+    v = torch.nn.Parameter(torch.ones(1))
+    torch.optim.SGD([v], lr=0.1)  # (torch wraps SGD's step: the subclass inherits it)
+    made_before = torch.optim.Adagrad([v], lr=0.1)  # (no Adagrad is made in the run)
     w = torch.nn.Parameter(torch.ones(3))
     through_the_mode, steps = [], []
 
     def train():
         opt = Momentum([w], lr=0.1, momentum=0.9)
         (w * 2).sum().backward()
+        v.sum().backward()
         steps.append(torch.optim.SGD.step)
         seen = ops_through_the_mode(monkeypatch)
         opt.step()
+        made_before.step()
         through_the_mode.extend(seen)
         torch.log(w - w).sum().backward()  # after the step the mode is back on: op by op
 
