@@ -91,3 +91,14 @@ def test_a_reproducible_failure_is_localised_to_the_op_by_replay(tmp_path, scrip
     assert report["root"]["location"]["line"] == 11  # batch[5, 1] = float("nan")
     assert report["cause"]["id"] == "nonfinite_input_data"  # a NaN built from a Python number
     assert report["weights_clean"] is True
+
+
+def test_the_steps_numbers_read_back_as_float32_whatever_their_dtype():
+    # Read one by one on the CPU, the same numbers as the stacked float32 read on a device.
+    from nandoctor.detect.watch import _as_floats
+
+    values = [torch.tensor(0.1), torch.tensor(0.1, dtype=torch.float64), torch.tensor(0.1, dtype=torch.bfloat16),
+              torch.tensor(float("nan"))]
+    read = _as_floats(values)
+    assert read[:3] == torch.stack([v.float() for v in values[:3]]).tolist()
+    assert read[0] == read[1] != 0.1 and read[2] != read[0] and read[3] != read[3]
