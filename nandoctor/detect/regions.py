@@ -159,6 +159,9 @@ class ModuleRegions:
         self.open = None  # (the detector puts its mode back on the stack)
         for handle in self._handles:
             handle.remove()
+            # (torch's handle forgets its with_kwargs mark: left behind, it keeps every
+            # compiled module warning of global hooks after the run, on each call)
+            _nn_module._global_forward_hooks_with_kwargs.pop(handle.id, None)
         self._handles = []
         while self._undo:
             self._undo.pop()()

@@ -303,3 +303,17 @@ def test_a_compiled_or_scripted_loss_is_torchs_own_function():
 
     assert not detect(train).stopped
     assert all(torch.equal(r, plain) for r in results) and len(results) == 2
+
+
+def test_the_run_leaves_no_global_module_hook_behind():
+    # torch's handle of a hook registered with_kwargs leaves its mark in a dict of its own;
+    # left there, every call of a torch.compile'd module warns of global hooks after the run.
+    from torch.nn.modules import module as torch_module
+
+    def global_hooks():
+        return {name: dict(hooks) for name, hooks in vars(torch_module).items() if name.startswith("_global_")
+                and isinstance(hooks, dict)}
+
+    before = global_hooks()
+    assert not detect(lambda: nn.Linear(2, 1)(torch.ones(1, 2))).stopped
+    assert global_hooks() == before
