@@ -219,15 +219,23 @@ class ModuleRegions:
         opened = self.open
         if opened is None or opened.thread != _thread_id():
             return  # (another thread's module: the mode and the region are this thread's)
-        self._stretch_ends(opened)
         if opened.module is not module:
+            self._stretch_ends(opened)
             return  # an inner module ended
-        self.open = None
-        finite = len(kwargs_and_output) != 2 or _finite_output(kwargs_and_output[1])  # (with the mode still off)
-        _push_mode(self.detector.mode)
-        if not finite:  # (torch calls always-called hooks without kwargs when forward raised)
+        # (torch calls always-called hooks without kwargs and output when forward raised)
+        if not self._close(opened, *kwargs_and_output[1:]):
             kwargs, output = kwargs_and_output
             self._replay(opened, lambda: module(*args, **kwargs), args, output)
+
+    def _close(self, opened: _Open, *output) -> bool:
+        """The region's call ended, returning `output` (nothing: it raised). Its output is
+        checked while the mode is still off, then the mode goes back on; False when the
+        output is non-finite (to be replayed)."""
+        self._stretch_ends(opened)
+        self.open = None
+        finite = not output or _finite_output(output[0])
+        _push_mode(self.detector.mode)
+        return finite
 
     def _function_region(self, original):
         """`original`, a C function of torch's, called as a region (see the module docstring)."""
@@ -242,12 +250,10 @@ class ModuleRegions:
                 return original(*args, **kwargs)
             try:
                 output = original(*args, **kwargs)
-                finite = _finite_output(output)  # (with the mode still off)
-            finally:
-                regions._stretch_ends(opened)
-                regions.open = None
-                _push_mode(regions.detector.mode)
-            if not finite:
+            except BaseException:
+                regions._close(opened)
+                raise
+            if not regions._close(opened, output):
                 regions._replay(opened, lambda: original(*args, **kwargs), args, output)
             return output
 
