@@ -33,14 +33,8 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
 
 
 def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]:
-    """The event first, then each earliest non-finite parent, down to the root."""
-    chain = [event]
-    while True:
-        child = chain[-1]
-        parents = [p for p in child.parents if not p.intended and not _legit_for(child, p) and p not in chain]
-        if not parents:
-            break
-        chain.append(min(parents, key=lambda r: r.order))
+    """The event first, then the parents on the way to its root, down to the root."""
+    chain = _path_to_earliest(event, _counts_for)
     root = chain[-1]
     if root.phase == "backward" and root.node_seq is not None:
         forward = forward_by_node.get(root.node_seq)
@@ -59,11 +53,54 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
 
 def birth_of(record: Record) -> Record:
     """The earliest non-finite ancestor of `record` (itself when it was born there)."""
-    while True:
-        parents = [p for p in record.parents if not p.intended]
-        if not parents:
-            return record
-        record = min(parents, key=lambda r: r.order)
+    return _path_to_earliest(record, lambda child, parent: not parent.intended)[-1]
+
+
+def _counts_for(child: Record, parent: Record) -> bool:
+    """Is `parent` a cause of `child` for the lineage (not a value written on purpose)?"""
+    return not parent.intended and not _legit_for(child, parent)
+
+
+def _path_to_earliest(start: Record, counts) -> list[Record]:
+    """`start`, then parents down to its earliest ancestor: the one made first of all the
+    non-finite values it descends from (through parents that `counts`).
+
+    Not the earliest parent at each step: a NaN loss that adds a NaN reconstruction error
+    (from an exp that overflowed early in the forward) to an Inf penalty (from an exp on
+    the loss's own line) has the penalty as its earlier parent, but its root is the first
+    exp. Where several paths lead there, each step takes the earliest parent on one."""
+    ancestors: dict[int, Record] = {id(start): start}
+    stack = [start]
+    while stack:
+        child = stack.pop()
+        for parent in child.parents:
+            if id(parent) not in ancestors and counts(child, parent):
+                ancestors[id(parent)] = parent
+                stack.append(parent)
+    root = min(ancestors.values(), key=lambda r: r.order)
+    reaches_root = _reaching(root, ancestors, counts)
+    chain = [start]
+    while chain[-1] is not root:
+        child = chain[-1]
+        on_the_way = [p for p in child.parents if id(p) in reaches_root and counts(child, p) and p not in chain]
+        if not on_the_way:  # (only if a record were ever its own ancestor)
+            break
+        chain.append(min(on_the_way, key=lambda r: r.order))
+    return chain
+
+
+def _reaching(root: Record, ancestors: dict[int, Record], counts) -> set[int]:
+    """The ids of the records in `ancestors` that `root` is an ancestor of (itself included)."""
+    reaching = {id(root)}
+    changed = True
+    ordered = sorted(ancestors.values(), key=lambda r: r.order)  # parents come before children
+    while changed:  # (one pass suffices in birth order; the loop guards against odd orders)
+        changed = False
+        for r in ordered:
+            if id(r) not in reaching and any(id(p) in reaching and counts(r, p) for p in r.parents):
+                reaching.add(id(r))
+                changed = True
+    return reaching
 
 
 def _legit_for(child: Record, parent: Record) -> bool:

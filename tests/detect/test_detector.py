@@ -98,6 +98,26 @@ class TestForward:
         assert d.root.op == "aten.exp.default"
         assert d.event.op == "aten.div.Tensor" and d.event.output.nan == 1
 
+    def test_the_root_is_the_earliest_ancestor_not_the_ancestor_of_the_earliest_parent(self):
+        # A VAE with a huge log-variance: exp overflows in the forward (the sample is ±Inf,
+        # the reconstruction NaN), and again in the KL term, computed before the
+        # reconstruction error. The loss's earlier parent is the KL term; its root is the
+        # forward's exp.
+        logvar = torch.nn.Parameter(torch.full((4, 3), 200.0))
+        decoder = torch.nn.Linear(3, 5)
+
+        def train():
+            z = torch.exp(0.5 * logvar) * torch.randn(4, 3)  # MARK-vae-sample
+            kl = -0.5 * torch.mean(1 + logvar - logvar.exp())  # MARK-vae-kl
+            loss = F.mse_loss(decoder(z), torch.zeros(4, 5)) + kl
+            loss.backward()
+
+        d = detect(train).detection
+        assert d.event.output.nan == 1
+        assert d.root.op == "aten.exp.default" and d.root.location.line == line_of("MARK-vae-sample")
+        assert [s.location.line for s in d.lineage[:2]] == [line_of("MARK-vae-sample")] * 2
+        assert line_of("MARK-vae-kl") not in [s.location.line for s in d.lineage]
+
     def test_float16_inf_stops_at_once_by_default(self):
         result = detect(lambda: torch.tensor([300.0], dtype=torch.float16) * torch.tensor([300.0], dtype=torch.float16))
         assert result.stopped and result.detection.root.output.posinf == 1
