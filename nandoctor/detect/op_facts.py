@@ -68,3 +68,12 @@ def pow_facts(base, exponent, *rest, **kwargs) -> dict[str, Any]:
     if isinstance(exponent, (int, float)):
         return {"exponent": float(exponent)}
     return {}
+
+
+@collects("nll_loss_forward", "nll_loss2d_forward")
+def nll_loss_facts(log_probs, target, weight=None, reduction=1, ignore_index=-100, *rest, **kwargs) -> dict[str, Any]:
+    """How many targets the mean counts: none (all `ignore_index`, or all of weight 0) is 0/0."""
+    counted = target != ignore_index
+    if weight is not None:
+        counted &= weight[target.clamp(0, weight.numel() - 1)] != 0
+    return {"ignore_index": int(ignore_index), "counted_targets": int(counted.sum())}

@@ -140,6 +140,8 @@ class SiteFacts:
     compiled: str | None = None  # made inside this torch.compile'd function or module (ops unseen)
     called_in: Location | None = None  # the framework's own line (Keras, Lightning) that ran the op
     exponent: float | None = None  # a Python-number exponent of pow
+    ignore_index: int | None = None  # nll_loss / cross_entropy: the target value left out of the mean
+    counted_targets: int | None = None  # ...and how many targets the mean counted (0: 0/0)
     op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
     loss: float | None = None  # watch mode: the loss seen at the boundary
     grad_norm: float | None = None  # watch mode: the gradient norm seen at the boundary
@@ -158,7 +160,7 @@ class SiteFacts:
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
-                    "op_facts_error", "loss", "grad_norm", "compiled"):
+                    "op_facts_error", "loss", "grad_norm", "compiled", "ignore_index", "counted_targets"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.inf_written_at is not None:

@@ -243,6 +243,21 @@ class TestContext:
         assert stays_clean(lambda: F.ctc_loss(log_probs, torch.tensor([1, 2, 3, 4, 1, 2, 3]), torch.tensor([6]),
                                               torch.tensor([7]), zero_infinity=True).backward())
 
+
+    @pytest.mark.parametrize("loss", [
+        lambda logits, y: F.cross_entropy(logits, y),
+        lambda logits, y: torch.nn.CrossEntropyLoss()(logits, y),
+        lambda logits, y: F.nll_loss(logits.log_softmax(-1), y),
+    ])
+    def test_a_mean_loss_whose_every_target_is_ignored_is_zero_over_zero(self, loss):
+        logits = torch.randn(4, 5, requires_grad=True)
+        cause = cause_of(lambda: loss(logits, torch.full((4,), -100)).backward())
+        assert cause.id == "div_by_zero" and "ignore_index" in cause.title
+        assert "every target is -100" in cause.explanation
+
+    def test_near_miss_a_batch_with_one_counted_target_is_clean(self):
+        logits = torch.randn(4, 5, requires_grad=True)
+        assert stays_clean(lambda: F.cross_entropy(logits, torch.tensor([-100, -100, 3, -100])).backward())
     def test_a_non_finite_batch_is_input_data(self):
         data = torch.randn(8, 3)
         data[5, 0] = float("inf")

@@ -94,6 +94,24 @@ def div_by_zero(ev: Evidence) -> Cause | None:
     )
 
 
+@op_rule("nll_loss_forward", "nll_loss2d_forward")
+def mean_over_no_targets(ev: Evidence) -> Cause | None:
+    """A mean cross-entropy / NLL whose every target is `ignore_index` (or weighs 0) divides
+    0 by 0: a batch whose labels were all masked (-100 for padding, prompts, truncation)."""
+    if ev.facts.counted_targets != 0:
+        return None
+    ignored = ev.facts.ignore_index
+    return Cause(
+        "div_by_zero",
+        "mean loss over zero targets: every target is ignore_index",
+        f"At {ev.where} ({ev.code}) the loss averages over the targets that count, and none does: every "
+        f"target is {ignored} (`ignore_index`) or has class weight 0, so the mean is 0/0 = NaN. Typical of "
+        "a batch whose labels were all masked: padding only, a prompt with its answer truncated away.",
+        "Skip batches with no counted target (`if (labels != -100).any():`), or reduce with "
+        "`reduction='sum'` and divide by `max(count, 1)`; check the truncation that leaves answers empty.",
+    )
+
+
 # A divisor written as a spread of values: `x.std(0)`, `torch.var(x)`, `(x.max() - x.min())`.
 _SPREAD = re.compile(r"\b(std|var)\b|\bmax\b[^/]*-[^/]*\bmin\b")
 
