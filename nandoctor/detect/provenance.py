@@ -226,14 +226,21 @@ class ModuleTracker:
             self._stack.pop()
 
     def _name_tree(self, root: torch.nn.Module) -> str:
-        root_name = type(root).__name__
+        compiled = getattr(root, "_orig_mod", None) if type(root).__name__ == "OptimizedModule" else None
+        root_name = type(compiled if isinstance(compiled, torch.nn.Module) else root).__name__
         for qualname, sub in root.named_modules():
             if sub is not root:
-                self._names[sub] = qualname
+                self._names[sub] = _without_compile_wrappers(qualname) or root_name
         self._names[root] = root_name
         for qualname, tensor in (*root.named_parameters(), *root.named_buffers()):
-            self._parameter_names[tensor] = qualname
+            self._parameter_names[tensor] = _without_compile_wrappers(qualname)
         return root_name
+
+
+def _without_compile_wrappers(qualname: str) -> str:
+    """The name the user knows: torch.compile(module) wraps it, and the wrapper's attribute
+    `_orig_mod` is not in the user's code (`_orig_mod.norm` is `norm`)."""
+    return ".".join(part for part in qualname.split(".") if part != "_orig_mod")
 
 
 class NodeSites:

@@ -120,6 +120,9 @@ def test_run_eagerly_as_the_replay_does_the_op_inside_the_compiled_code_is_found
     root = found.detection.root
     assert root.op == "aten.log.default"
     assert root.location.function == "forward" and "torch.log(h * 0)" in root.location.code
+    # Named as the user's model names them: torch.compile's wrapper attribute is left out.
+    assert root.module == "Net"
+    assert [s.module for s in found.detection.lineage if s.op == "aten.addmm.default"] == ["b"]
 
 
 def _export_and_trace() -> tuple[str, str]:
