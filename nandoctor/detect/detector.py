@@ -53,6 +53,7 @@ _pop_mode = torch._C._pop_torch_dispatch_stack
 _push_mode = torch._C._push_on_torch_dispatch_stack
 
 # Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
+_COMPILED_BACKWARD = "CompiledFunctionBackward"  # AOTAutograd's node: a compiled graph's backward
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
                       StopReason.GRADIENT_RETURNED, StopReason.READ_BACK)
 
@@ -618,8 +619,12 @@ class Detector(Observer):
             first = next((r for r in suspects if r.has_nan), suspects[0] if suspects else None)
             if first is not None and first is not born:
                 born.parents.append(first)
-        if self._last_compiled is not None and not came_in and born.facts.device_flag is None and not born.op \
-                and reason in _UNSEEN_OP_REASONS:
+        # A compiled backward runs with the mode on, but most of its work in fused kernels the
+        # mode never sees: an op it sees with a non-finite input no record names did not
+        # make that value, an unseen kernel before it did.
+        in_compiled_backward = born.backward_node == _COMPILED_BACKWARD and born.facts.untracked_input
+        if self._last_compiled is not None and not came_in and born.facts.device_flag is None and \
+                (not born.op and reason in _UNSEEN_OP_REASONS or in_compiled_backward):
             # No op nandoctor saw made it, and compiled code ran: a compiled forward or its
             # compiled backward did. The replay runs the compiled code eagerly to find the op.
             born.facts.compiled = born.facts.compiled or self._last_compiled

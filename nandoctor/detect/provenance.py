@@ -43,6 +43,9 @@ _LIBRARY_DIRS = _library_dirs()
 # torch's own frames are never worth naming as the library that called an op.
 _TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 _SITE_PACKAGES_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# The Python code torch.compile generates (inductor's wrappers, run inside a compiled
+# backward with the mode on): torch's code, written to its cache directory.
+_GENERATED_MARKERS = tuple(m for m in (os.sep + "torchinductor_", os.environ.get("TORCHINDUCTOR_CACHE_DIR")) if m)
 # Where Python hands a backward pass to the autograd engine: frames above it are the caller's.
 _ENGINE_ENTRY = torch.autograd.graph._engine_run_backward.__code__
 
@@ -66,6 +69,7 @@ class SourceLocator:
                 resolved.startswith(_LIBRARY_DIRS)
                 or filename.startswith("<frozen")
                 or any(m in resolved for m in _SITE_PACKAGES_MARKERS)
+                or any(m in resolved for m in _GENERATED_MARKERS)
             )
             self._is_user[code] = known
         return known

@@ -23,6 +23,12 @@ def test_any_site_packages_folder_is_library_code_also_outside_this_environment(
     assert not SourceLocator()._user_code(_code_at(other_env))
 
 
+def test_the_code_torch_compile_generates_is_torchs_not_the_users(tmp_path):
+    # Inductor writes its wrappers to <tmp>/torchinductor_<user>/; a compiled backward runs them.
+    generated = tmp_path / "torchinductor_root" / "if" / "cifnbgdb3offyk7n.py"
+    assert not SourceLocator()._user_code(_code_at(generated))
+
+
 def test_the_users_own_files_are_user_code_wherever_they_live(tmp_path):
     locator = SourceLocator()
     assert locator._user_code(_code_at(tmp_path / "train.py"))
