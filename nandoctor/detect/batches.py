@@ -6,7 +6,10 @@ it gets a record (its number, the bad rows and their dataset indices) and stops 
 only if it reaches something that matters; a script that imputes it first runs on. The bad
 samples of a map-style dataset are fetched again in this process under the mode
 (`refetch`), so an op in `__getitem__` that made the NaN (`mask / mask.max()`) becomes the
-batch's parent in the lineage, with its own line.
+batch's parent in the lineage, with its own line. When no op there made it and the loader
+collates with a function of the script's, the whole batch is fetched and collated again:
+a per-batch statistic (`(y - y.mean()) / y.std()` over a constant batch) needs every sample.
+The script's random state is put back after a refetch.
 """
 from __future__ import annotations
 
@@ -23,17 +26,23 @@ ROWS_KEPT = 20
 
 
 class BatchChecks:
-    def __init__(self, recorder: Recorder, refetch: Callable[[object, tuple[int, ...]], None]) -> None:
+    def __init__(self, recorder: Recorder, refetch: Callable[..., None]) -> None:
         self.recorder = recorder
-        self.refetch = refetch  # fetch these samples again under the per-op mode
+        self.refetch = refetch  # refetch(dataset, indices, collate=None): again, under the per-op mode
 
-    def check(self, batch, batch_number: int, indices, dataset=None) -> None:
+    def check(self, batch, batch_number: int, indices, dataset=None, collate=None) -> None:
         for path, t in tensors_in(batch):
             if not all_finite(t):
                 origin = batch_origin(t, path, batch_number, indices)
                 mark = next_order()
-                if dataset is not None and origin.dataset_indices and hasattr(dataset, "__getitem__"):
+                refetchable = dataset is not None and hasattr(dataset, "__getitem__")
+                if refetchable and origin.dataset_indices:
                     self.refetch(dataset, origin.dataset_indices)
+                if refetchable and self.recorder.first_birth_since(mark) is None and _own_collate(collate) \
+                        and indices is not None:
+                    # Not made in __getitem__: a collate_fn of the script's may have made it, from
+                    # the whole batch (a per-batch statistic): the batch is collated again.
+                    self.refetch(dataset, tuple(int(i) for i in indices), collate)
                 record = self.recorder.existing_or_bare(t, "", "data")
                 record.facts.batch = origin
                 made_here = self.recorder.first_birth_since(mark)
@@ -43,6 +52,15 @@ class BatchChecks:
                     # The root is that op, and the report names the root's batch and samples.
                     made_here.facts.batch = made_here.facts.batch or origin
                 self.recorder.records.put(t, record)
+
+
+def _own_collate(collate) -> bool:
+    """A collate function that is not torch's own (which only stacks: it makes nothing)."""
+    if collate is None:
+        return False
+    from torch.utils.data._utils import collate as torch_collate
+
+    return collate not in (torch_collate.default_collate, torch_collate.default_convert)
 
 
 def tensors_in(batch, path: str = ""):

@@ -20,9 +20,12 @@ from __future__ import annotations
 # `_signal`: `signal`'s own functions, without the wrappers that turn handlers into enums
 # (through `signal`, getsignal() costs 6 us, a failed enum lookup; here 0.02 us).
 import _signal
+import contextlib
 import functools
 import math
 import os
+import random
+import sys
 import threading
 import weakref
 
@@ -56,6 +59,20 @@ _push_mode = torch._C._push_on_torch_dispatch_stack
 _COMPILED_BACKWARD = "CompiledFunctionBackward"  # AOTAutograd's node: a compiled graph's backward
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
                       StopReason.GRADIENT_RETURNED, StopReason.READ_BACK)
+
+
+@contextlib.contextmanager
+def _random_state_kept():
+    """torch's CPU generator, Python's `random` and numpy's global state, as they were."""
+    np = sys.modules.get("numpy")
+    saved_python, saved_numpy = random.getstate(), np.random.get_state() if np is not None else None
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(saved_python)
+            if saved_numpy is not None:
+                np.random.set_state(saved_numpy)
 
 
 def _forked() -> None:
@@ -578,20 +595,25 @@ class Detector(Observer):
         if not self.state.data_depth:
             self._resume()
 
-    def check_batch(self, batch, batch_number: int, indices, dataset=None) -> None:
+    def check_batch(self, batch, batch_number: int, indices, dataset=None, collate=None) -> None:
         if self.check_batches:
             with self.internal():
-                self.batches.check(batch, batch_number, indices, dataset)
+                self.batches.check(batch, batch_number, indices, dataset, collate)
 
-    def _refetch(self, dataset, indices) -> None:
-        """Fetch these samples again under the per-op mode, so the op that makes the value
-        there is recorded with its own line. Best effort: the batch is recorded anyway."""
+    def _refetch(self, dataset, indices, collate=None) -> None:
+        """Fetch these samples again under the per-op mode (and collate them, when
+        `collate` is given), so the op that makes the value there is recorded with its own
+        line. The random state is the script's again after (a random augmentation draws
+        again here; a script that imputes the batch trains on with its own stream). Best
+        effort: the batch is recorded anyway."""
         self.state.data_depth += 1
         self.passive = False
         self._resume()
         try:
-            for index in indices:
-                dataset[index]
+            with _random_state_kept():
+                samples = [dataset[index] for index in indices]
+                if collate is not None:
+                    collate(samples)
         except NonFiniteFound:
             raise
         except Exception:  # noqa: BLE001 - a dataset that fails on a re-read: report the batch

@@ -387,7 +387,8 @@ class TrainingHooks:
                 pending = getattr(iterator, "_nandoctor_indices", None)
                 indices = pending.popleft() if pending else None
                 # Still inside data loading: the check itself runs without the per-op mode.
-                observer.check_batch(batch, number, indices, getattr(iterator, "_dataset", None))
+                collate = getattr(iterator, "_collate_fn", None) if getattr(iterator, "_auto_collation", False) else None
+                observer.check_batch(batch, number, indices, getattr(iterator, "_dataset", None), collate)
             finally:
                 observer.data_finished()
             return batch

@@ -152,8 +152,9 @@ class Observer:
     def data_finished(self) -> None:
         """...and is done (also when it raised)."""
 
-    def check_batch(self, batch, batch_number: int, indices, dataset=None) -> None:
-        """A batch came out of a DataLoader (only when `watches_data`)."""
+    def check_batch(self, batch, batch_number: int, indices, dataset=None, collate=None) -> None:
+        """A batch came out of a DataLoader (only when `watches_data`): its number, the
+        dataset indices of its samples, the dataset and the function that collated them."""
 
     def value_read(self, t, value: float | None = None) -> None:
         """The script reads a tensor's values back (only when `watches_values`)."""

@@ -121,6 +121,67 @@ def test_the_sample_index_is_named_when_the_refetch_finds_the_op_in_process():
     assert found.detection.root.facts.batch.dataset_indices == (37,)
 
 
+class _Targets(Dataset):
+    """Targets whose samples 4-7 are all 5.0: a batch of 4 made of them has a std of 0."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        # A random augmentation: the refetch must leave the script's random stream as it was.
+        return torch.randn(3) * 0.01 + i, torch.tensor(5.0 if 4 <= i < 8 else float(i % 3))
+
+
+def _standardised(eps: float):
+    def collate(items):
+        y = torch.stack([b for _, b in items])
+        return torch.stack([a for a, _ in items]), (y - y.mean()) / (y.std() + eps)  # MARK-collate
+
+    return collate
+
+
+def _collate_training(eps: float = 0.0, num_workers: int = 0, impute: bool = False):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(_Targets(), batch_size=4, collate_fn=_standardised(eps), num_workers=num_workers):
+        if impute:
+            y = torch.nan_to_num(y)
+        loss = ((model(x).squeeze(1) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_nan_made_by_the_scripts_collate_fn_is_found_at_its_line(num_workers):
+    found = detect(lambda: _collate_training(num_workers=num_workers))
+    assert found.stopped
+    root = found.detection.root
+    # Not "bad input data": the batch is collated again under the mode, from all its samples.
+    assert root.op == "aten.div.Tensor" and root.phase == "data" and root.location.function == "collate"
+    assert "MARK-collate" in root.location.code
+    assert root.facts.batch.dataset_indices == (4, 5, 6, 7)
+
+
+def test_near_miss_a_collate_fn_with_an_epsilon_is_clean():
+    assert not detect(lambda: _collate_training(eps=1e-6)).stopped
+
+
+def _plain_and_detected(train):
+    """Train plainly and under the detector: (what the detector found, same parameters?)."""
+    plain = train()
+    box = {}
+    found = detect(lambda: box.setdefault("model", train()))
+    return found, all(torch.equal(a, b) for a, b in zip(plain.parameters(), box["model"].parameters()))
+
+
+def test_a_batch_the_script_imputes_trains_on_with_the_scripts_own_random_numbers():
+    found, same = _plain_and_detected(lambda: _collate_training(impute=True))
+    assert not found.stopped and same
+
+
 def test_the_history_keeps_the_gradient_norm_from_before_clipping():
     def train():
         torch.manual_seed(0)
@@ -182,11 +243,8 @@ def _per_sample_gradients(broken: bool, steps: int = 2):
 
 
 def test_vmap_of_grad_runs_under_trace_and_changes_nothing():
-    plain = _per_sample_gradients(broken=False)
-    box = {}
-    found = detect(lambda: box.setdefault("model", _per_sample_gradients(broken=False)))
-    assert not found.stopped
-    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), box["model"].parameters()))
+    found, same = _plain_and_detected(lambda: _per_sample_gradients(broken=False))
+    assert not found.stopped and same
     assert found.detector.state.transforms == {"grad"}
 
 
