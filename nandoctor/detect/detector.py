@@ -348,7 +348,13 @@ class Detector(Observer):
             self.saved.loaded(obj)
 
     def discarded(self):
-        return self.recorder.discarded()
+        """Sites whose non-finite values never mattered: in a stopped run, not the ones on
+        the way from the root to the stop (those mattered)."""
+        made = self.recorder.discarded()
+        if self.detection is None:
+            return made
+        mattered = {(s.op, s.location) for s in self.detection.lineage}
+        return [d for d in made if (d.op, d.location) not in mattered]
 
     def first_nan(self) -> Detection | None:
         """The first NaN made in the run, explained as if it had stopped it, also when it

@@ -56,6 +56,16 @@ class TestForward:
         assert (born.op, born.location.line, born.made, born.count) == \
             ("aten.log.default", line_of("MARK-entropy"), "inf", 1)
 
+    def test_a_stopped_runs_discarded_values_leave_out_the_ones_that_mattered(self):
+        def run():
+            torch.nan_to_num(torch.log(torch.tensor([-1.0])))  # MARK-thrown-away
+            read_back(torch.log(torch.tensor([0.0, 1.0])) * 2)  # MARK-mattered
+
+        found = detect(run)
+        assert found.stopped and found.detection.root.location.line == line_of("MARK-mattered")
+        assert [(d.op, d.location.line) for d in found.detector.discarded()] == \
+            [("aten.log.default", line_of("MARK-thrown-away"))]
+
     def test_overwriting_only_some_of_the_bad_values_keeps_the_record(self):
         def partly():
             x = torch.log(torch.tensor([-1.0, -2.0, 3.0]))  # MARK-partly
@@ -518,5 +528,5 @@ class TestMasksPassedOn:
             print((bad * 2).tolist())
 
         result = detect(metric)
-        [made] = [d for d in result.detector.discarded() if not d.allowed]
-        assert made.op == "aten.mul.Tensor"
+        assert result.stopped and result.detection.root.op == "aten.mul.Tensor"
+        assert [d.allowed for d in result.detector.discarded()] == [True]
