@@ -77,3 +77,20 @@ def nll_loss_facts(log_probs, target, weight=None, reduction=1, ignore_index=-10
     if weight is not None:
         counted &= weight[target.clamp(0, weight.numel() - 1)] != 0
     return {"ignore_index": int(ignore_index), "counted_targets": int(counted.sum())}
+
+
+@collects("std", "var", "std_mean", "var_mean")
+def spread_facts(x, dim=None, *rest, correction=None, unbiased=None, **kwargs) -> dict[str, Any]:
+    """How many values each std/var reduces over, and the correction taken from that count:
+    N - correction <= 0 (one value with Bessel's correction) divides by zero."""
+    if isinstance(dim, bool):  # `var.default(self, unbiased)`: no dim, the flag in its place
+        dim, unbiased = None, dim
+    elif rest and isinstance(rest[0], bool):  # `var.dim(self, dim, unbiased, keepdim)`
+        unbiased = rest[0]
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    dims = range(x.dim()) if dim is None else ([dim] if isinstance(dim, int) else dim)
+    count = 1
+    for d in dims:
+        count *= x.shape[d] if x.dim() else 1
+    return {"reduced_count": int(count), "correction": float(correction)}

@@ -142,6 +142,8 @@ class SiteFacts:
     exponent: float | None = None  # a Python-number exponent of pow
     ignore_index: int | None = None  # nll_loss / cross_entropy: the target value left out of the mean
     counted_targets: int | None = None  # ...and how many targets the mean counted (0: 0/0)
+    reduced_count: int | None = None  # std / var: how many values each output reduces over
+    correction: float | None = None  # ...and the correction subtracted from that count (Bessel's 1)
     op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
     loss: float | None = None  # watch mode: the loss seen at the boundary
     grad_norm: float | None = None  # watch mode: the gradient norm seen at the boundary
@@ -160,7 +162,8 @@ class SiteFacts:
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
-                    "op_facts_error", "loss", "grad_norm", "compiled", "ignore_index", "counted_targets"):
+                    "op_facts_error", "loss", "grad_norm", "compiled", "ignore_index", "counted_targets",
+                    "reduced_count", "correction"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.inf_written_at is not None:

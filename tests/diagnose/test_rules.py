@@ -243,7 +243,6 @@ class TestContext:
         assert stays_clean(lambda: F.ctc_loss(log_probs, torch.tensor([1, 2, 3, 4, 1, 2, 3]), torch.tensor([6]),
                                               torch.tensor([7]), zero_infinity=True).backward())
 
-
     @pytest.mark.parametrize("loss", [
         lambda logits, y: F.cross_entropy(logits, y),
         lambda logits, y: torch.nn.CrossEntropyLoss()(logits, y),
@@ -258,6 +257,28 @@ class TestContext:
     def test_near_miss_a_batch_with_one_counted_target_is_clean(self):
         logits = torch.randn(4, 5, requires_grad=True)
         assert stays_clean(lambda: F.cross_entropy(logits, torch.tensor([-100, -100, 3, -100])).backward())
+
+    @pytest.mark.parametrize("spread", [
+        lambda h: h.std(0),
+        lambda h: torch.var(h, dim=0),
+        lambda h: torch.std_mean(h, dim=0)[0],
+        lambda h: h.var(0, unbiased=True),
+        lambda h: h[:, :1].var(),
+    ])
+    def test_a_spread_over_one_value_has_no_degrees_of_freedom(self, spread):
+        h = torch.randn(1, 4, requires_grad=True)
+        cause = cause_of(lambda: ((h - h.mean(0)) / spread(h)).sum())
+        assert cause.id == "div_by_zero" and "no degrees of freedom" in cause.title
+        assert "correction=1" in cause.explanation and "drop_last=True" in cause.fix
+
+    def test_near_miss_the_population_spread_of_one_value_is_zero_not_nan(self):
+        h = torch.randn(1, 4)
+        assert stays_clean(lambda: h.std(0, correction=0))
+
+    def test_near_miss_a_spread_over_two_values_is_fine(self):
+        h = torch.randn(2, 4)
+        assert stays_clean(lambda: (h - h.mean(0)) / h.std(0))
+
     def test_a_non_finite_batch_is_input_data(self):
         data = torch.randn(8, 3)
         data[5, 0] = float("inf")

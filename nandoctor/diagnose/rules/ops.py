@@ -112,6 +112,24 @@ def mean_over_no_targets(ev: Evidence) -> Cause | None:
     )
 
 
+@op_rule("std", "var", "std_mean", "var_mean")
+def spread_of_too_few_values(ev: Evidence) -> Cause | None:
+    """std/var divide the squared deviations by N - correction: with Bessel's correction a
+    spread over one value is 0/0 (a batch of one, a last batch of size 1, a 1-wide dim)."""
+    count, correction = ev.facts.reduced_count, ev.facts.correction
+    if count is None or correction is None or count - correction > 0:
+        return None
+    return Cause(
+        "div_by_zero",
+        f"{ev.op} over {count} value{'s' if count != 1 else ''}: no degrees of freedom left",
+        f"At {ev.where} ({ev.code}) each output of {ev.op} reduces over {count} value{'s' if count != 1 else ''} "
+        f"with correction={correction:g}, so it divides by N - correction = {count - correction:g}: "
+        f"{_out(ev)}. Typical of a batch of one (the last, short batch of an epoch) normalised over the batch.",
+        "Drop short batches (`DataLoader(..., drop_last=True)`), skip the normalisation when there is a "
+        "single value, or use the population spread: `x.std(dim, correction=0)` (add an epsilon before dividing by it).",
+    )
+
+
 # A divisor written as a spread of values: `x.std(0)`, `torch.var(x)`, `(x.max() - x.min())`.
 _SPREAD = re.compile(r"\b(std|var)\b|\bmax\b[^/]*-[^/]*\bmin\b")
 
