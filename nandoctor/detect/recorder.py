@@ -229,9 +229,16 @@ class Recorder:
         )
 
     def entered(self, op: str, t: torch.Tensor, phase: str) -> Record:
-        """The record of a value that entered torch non-finite: a birth, from outside."""
+        """The record of a value that entered torch non-finite: a birth, from outside, unless
+        it holds one infinity and nothing else. `torch.tensor(float("inf"))` as the best loss
+        so far, `-inf` to start a running max: such a value carries no data, it is a sentinel
+        written on purpose, as `torch.full((), float("inf"))` is. (Data with a bad value in it
+        has finite values around it; a NaN is never a sentinel here.)"""
         record = self.bare(op, t, phase)
         record.facts.entered = True
+        if _one_infinity_only(record.output):
+            record.intended = record.facts.written_on_purpose = True
+            return record
         self.count_made(record)
         self._births.append(record)
         return record
@@ -249,12 +256,18 @@ class Recorder:
                 self.records.put(item, source)
 
     def filled(self, args, out: torch.Tensor) -> None:
-        sources = [r for r in (self.records.get(t) for t in tensors_of(args)) if r is not None and not r.intended]
-        if not sources:
+        """A fill, `where`, clamp or maximum touched recorded values: a non-finite output
+        carries the record on (a made value before one written on purpose: `maximum` of a
+        running max that starts at -inf passes the sentinel on); a finite one dropped them."""
+        recorded = [r for r in (self.records.get(t) for t in tensors_of(args)) if r is not None]
+        sources = [r for r in recorded if not r.intended]
+        if not recorded:
             return
         whole = out._base if out._base is not None else out  # a fill of x[0] leaves the rest of x
         if whole.is_floating_point() and not whole.is_meta and not bool(torch.isfinite(whole).all()):
-            self.records.put(out, sources[0])
+            self.records.put(out, (sources or recorded)[0])
+            return
+        if not sources:
             return
         self.records.forget(out)  # (an in-place fill overwrote every bad value)
         for source in sources:
@@ -354,3 +367,7 @@ def _inputs_named(name: str, value: Any, tensor_typed: bool):
         for j, item in enumerate(value):
             if isinstance(item, torch.Tensor):
                 yield f"{name}[{j}]", item
+
+
+def _one_infinity_only(summary: TensorSummary) -> bool:
+    return summary.nan == 0 and summary.numel > 0 and summary.numel in (summary.posinf, summary.neginf)

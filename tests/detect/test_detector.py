@@ -530,3 +530,54 @@ class TestMasksPassedOn:
         result = detect(metric)
         assert result.stopped and result.detection.root.op == "aten.mul.Tensor"
         assert [d.allowed for d in result.detector.discarded()] == [True]
+
+
+class TestSentinels:
+    """An infinity the script writes as a starting value — the best loss so far, the start of
+    a running max — is written on purpose, however it enters torch: it may be read back and
+    compared with. Used as a number, it is still found, at the line that wrote it."""
+
+    @pytest.mark.parametrize("make", [
+        lambda: torch.tensor(float("inf")),
+        lambda: torch.full((), float("inf")),
+        lambda: torch.as_tensor(float("inf")),
+    ])
+    def test_a_best_so_far_sentinel_may_be_read_and_compared(self, make):
+        def track():
+            best = make()
+            for loss in (torch.tensor(2.0), torch.tensor(1.0)):
+                print(f"best so far {best.item()}")
+                best = torch.minimum(best, loss)
+            read_back(best)
+
+        assert not detect(track).stopped
+
+    def test_a_running_max_may_start_at_minus_inf(self):
+        def running_max():
+            peak = torch.tensor([float("-inf")] * 3)
+            for _ in range(2):
+                peak = torch.maximum(peak, torch.randn(3))
+            read_back(peak)
+
+        assert not detect(running_max).stopped
+
+    def test_a_sentinel_used_as_a_number_is_found_where_it_was_written(self):
+        def scaled():
+            scale = torch.tensor(float("inf"))  # MARK-sentinel
+            w = torch.randn(3, requires_grad=True)
+            (w.pow(2).mean() * scale).backward()
+
+        result = detect(scaled)
+        assert result.stopped and result.detection.root.location.line == line_of("MARK-sentinel")
+
+    def test_near_miss_data_with_an_inf_among_finite_values_is_input_data(self):
+        def load():
+            read_back(torch.tensor([1.0, float("inf"), 3.0]))
+
+        result = detect(load)
+        assert result.stopped and result.detection.root.facts.entered
+        assert not result.detection.root.facts.written_on_purpose
+
+    def test_near_miss_a_nan_is_never_a_sentinel(self):
+        result = detect(lambda: read_back(torch.tensor(float("nan"))))
+        assert result.stopped

@@ -279,6 +279,34 @@ class TestContext:
         h = torch.randn(2, 4)
         assert stays_clean(lambda: (h - h.mean(0)) / h.std(0))
 
+    def test_an_inf_sentinel_in_the_loss_is_a_value_written_on_purpose_not_data(self):
+        w = torch.randn(3, requires_grad=True)
+        cause = cause_of(lambda: (w.pow(2).mean() * torch.tensor(float("inf"))).backward())
+        assert cause.id == "mask_value_used" and "sentinel" in cause.title
+
+    @staticmethod
+    def online_logsumexp(scores: torch.Tensor, chunk: int) -> torch.Tensor:
+        """logsumexp chunk by chunk, as flash attention does: a running max from -inf."""
+        m = torch.tensor([float("-inf")] * scores.shape[0])
+        s = torch.zeros(scores.shape[0])
+        for part in scores.split(chunk, dim=1):
+            m_new = torch.maximum(m, part.max(dim=1).values)
+            s = s * torch.exp(m - m_new) + torch.exp(part - m_new[:, None]).sum(1)
+            m = m_new
+        return m + s.log()
+
+    def test_a_running_max_still_at_minus_inf_minus_itself_is_inf_arithmetic(self):
+        mask = torch.zeros(3, 6, dtype=torch.bool)
+        mask[1, :3] = True  # row 1's first chunk is fully masked: -inf - (-inf)
+        cause = cause_of(lambda: self.online_logsumexp(torch.randn(3, 6).masked_fill(mask, float("-inf")), 3))
+        assert cause.id == "inf_arithmetic" and "sub" in cause.explanation
+        assert 'torch.tensor([float("-inf")]' in cause.explanation  # where the -inf was written
+
+    def test_near_miss_a_running_max_that_starts_at_minus_inf_is_clean(self):
+        mask = torch.zeros(3, 6, dtype=torch.bool)
+        mask[1, :2] = True  # masked, but every chunk keeps a value
+        assert stays_clean(lambda: self.online_logsumexp(torch.randn(3, 6).masked_fill(mask, float("-inf")), 3))
+
     def test_a_non_finite_batch_is_input_data(self):
         data = torch.randn(8, 3)
         data[5, 0] = float("inf")

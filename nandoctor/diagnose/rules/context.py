@@ -122,7 +122,8 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
             "Find and fix the samples: `nandoctor check-data <your data folder>` scans the files; in the Dataset, "
             "guard normalisations (`x / x.max()` of an all-zero sample) and drop or repair bad records.",
         )
-    if ev.facts.untracked_input and ev.root.phase in ("forward", "init", "data") and ev.facts.parameter is None:
+    if ev.facts.untracked_input and ev.root.phase in ("forward", "init", "data") and ev.facts.parameter is None \
+            and not ev.facts.written_on_purpose:  # (an Inf sentinel entered on purpose: mask_value_used)
         # Born where it entered torch (`torch.tensor`, `from_numpy`: no inputs), or first
         # seen as an input of an op.
         what = (f"the value entering torch holds {_bad(ev.output)}" if not ev.root.inputs else
@@ -149,6 +150,8 @@ def mask_value_used(ev: Evidence) -> Cause | None:
     neither overflow nor Inf arithmetic is the cause."""
     if not ev.facts.written_on_purpose:
         return None
+    if ev.facts.entered or (ev.output is not None and ev.output.posinf and not ev.output.neginf):
+        return _sentinel_used(ev)
     return Cause(
         "mask_value_used",
         "a -inf written on purpose (a mask) was used as a number",
@@ -158,6 +161,20 @@ def mask_value_used(ev: Evidence) -> Cause | None:
         "something other than scores.",
         "Reduce over the unmasked positions only (`x[~mask].sum()`, `x.masked_fill(mask, 0).sum()`), or write a "
         "large finite negative value instead of -inf: `x.masked_fill(mask, torch.finfo(x.dtype).min)`.",
+    )
+
+
+def _sentinel_used(ev: Evidence) -> Cause:
+    """An infinity written as a starting point (`best = torch.tensor(float("inf"))`, a
+    running min or max) that went into arithmetic instead of only into comparisons."""
+    return Cause(
+        "mask_value_used",
+        "an Inf written on purpose (a sentinel) was used as a number",
+        f"At {ev.where} ({ev.code}) the script writes {_bad(ev.output)} on purpose, as a starting value "
+        "(a best-so-far, a running min or max) is written. Such a sentinel is meant to be compared against and "
+        "replaced; here it went into arithmetic and reached the value the run stopped at.",
+        "Keep the sentinel out of arithmetic (compare with it: `best = torch.minimum(best, loss)`), or start "
+        "from a finite value: `torch.finfo(dtype).max`, or the first real value.",
     )
 
 
