@@ -154,7 +154,7 @@ def _kept_on_miss(report: RunReport) -> RunReport:
 
 def _not_reproduced(found: WatchFinding, report: RunReport, outcome: replay.ReplayOutcome) -> RunReport:
     """Watch mode's report when the replay did not find the failure again."""
-    site = Site(op="", phase="forward" if found.what == "loss" else "backward", location=found.location,
+    site = Site(op="", phase=found.phase, location=found.location,
                 facts=SiteFacts(loss=found.loss, grad_norm=found.grad_norm))
     report.status, report.exit_code = "nonfinite", int(ExitCode.FOUND)
     report.event = report.root = site

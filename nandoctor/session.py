@@ -108,7 +108,7 @@ def _settle(ranks: RankRun, observer: Observer, outcome: ScriptOutcome) -> RankR
 def _phase(found) -> str | None:
     """The phase of its step where this rank's value went non-finite."""
     if isinstance(found, WatchFinding):
-        return "forward" if found.what == "loss" else "backward"
+        return found.phase
     if isinstance(found, Detection):
         return found.root.phase
     return None
@@ -117,7 +117,7 @@ def _phase(found) -> str | None:
 def _own_values(found) -> bool:
     """Did this rank's own values go non-finite (not gradients averaged from the others)?"""
     if isinstance(found, WatchFinding):
-        return found.what == "loss"  # a gradient is seen only after the all-reduce
+        return found.what != "gradient"  # a gradient is seen only after the all-reduce
     if isinstance(found, Detection):
         root = found.root
         if root.op.startswith(_COLLECTIVES):

@@ -322,9 +322,14 @@ class History:
 class WatchFinding:
     """What watch mode saw: which value went non-finite, at which step, called from where."""
 
-    what: Literal["loss", "gradient"]
+    what: Literal["loss", "gradient", "parameters"]  # parameters: found at the end of the run
     step: int  # optimizer steps completed
     location: Location | None  # the backward() / step() call
     loss: float | None
     grad_norm: float | None
     weights_clean: bool | None
+
+    @property
+    def phase(self) -> str:
+        """The phase of its step in which the value went non-finite."""
+        return {"loss": "forward", "gradient": "backward"}.get(self.what, "optimizer")

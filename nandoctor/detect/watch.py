@@ -115,6 +115,14 @@ class StepWatcher(Observer):
         self._loss = None
         super().after_optimizer_step(optimizer)
 
+    def finish(self) -> None:
+        """The script ended with every loss and gradient finite; its weights may still not
+        be. An optimizer can make NaN from finite gradients (Adam with eps=0 on rows that
+        never get a gradient), and a loss that never looks at those rows stays finite. One
+        exact check of the parameters, once per run, finds them before the user ships them."""
+        if self._weights_clean() is False:
+            self._stop("parameters", None, None, None)
+
     # -- stopping --------------------------------------------------------------------
 
     def _stop(self, what: str, loss, grad_norm, where) -> None:

@@ -37,11 +37,14 @@ def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
 
 
 def reproduced(mode: str, what: str, step: int) -> str:
-    return (f"{mode} mode stopped on a non-finite {what} {steps_done(step)}; a seeded replay checking every op "
-            "found the op above.")
+    seen = (f"found non-finite parameters at the end of the run, {steps_done(step)}" if what == "parameters"
+            else f"stopped on a non-finite {what} {steps_done(step)}")
+    return f"{mode} mode {seen}; a seeded replay checking every op found the op above."
 
 
 def watch_stop_reason(finding: WatchFinding) -> str:
+    if finding.what == "parameters":
+        return "parameters are non-finite at the end of the run"
     return f"the {finding.what} is non-finite"
 
 
@@ -71,9 +74,11 @@ def nonreproducible_flag(root: Site, step: int | None) -> Cause:
 def nonreproducible_watch(finding: WatchFinding, replay_ran_clean: bool) -> Cause:
     """Watch mode saw a non-finite loss or gradient; the replay under trace did not."""
     how = "ran clean" if replay_ran_clean else "ended without a finding"
+    seen = (f"non-finite parameters at the end of the run, {steps_done(finding.step)}" if finding.what == "parameters"
+            else f"a non-finite {finding.what} {steps_done(finding.step)} (loss {fmt(finding.loss)}, "
+                 f"gradient norm {fmt(finding.grad_norm)})")
     return _nonreproducible(
-        f"Watch mode saw a non-finite {finding.what} {steps_done(finding.step)} (loss {fmt(finding.loss)}, "
-        f"gradient norm {fmt(finding.grad_norm)}), but re-running the script from the start, with the same random "
+        f"Watch mode saw {seen}, but re-running the script from the start, with the same random "
         f"seeds, under the per-op detector {how} up to that step.")
 
 

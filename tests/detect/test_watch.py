@@ -2,6 +2,8 @@
 that localises the op or says the failure did not come back."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from helpers import run_nandoctor
@@ -43,6 +45,35 @@ def test_meta_tensors_pass_through_watch_mode():
     assert watcher.finding() is None
     assert watcher.state.step == 1
     assert watcher.history().steps == [1] and watcher.history().loss == [None]
+
+
+def _train_unused_rows(eps: float) -> StepWatcher:
+    """Adam on an embedding whose rows 4..7 never get a gradient: with eps=0 their update
+    is 0/0, while the loss, which never looks at them, stays finite."""
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(8, 3)
+    opt = torch.optim.Adam(embed.parameters(), lr=0.01, eps=eps)
+    watcher = StepWatcher(load_config().run)
+    try:
+        with watcher:
+            for _ in range(3):
+                opt.zero_grad()
+                embed(torch.tensor([0, 1, 2, 3])).pow(2).mean().backward()
+                opt.step()
+            watcher.finish()
+    except NonFiniteFound:
+        pass
+    return watcher
+
+
+def test_parameters_an_optimizer_made_non_finite_unseen_by_the_loss_are_found_at_the_end():
+    found = _train_unused_rows(eps=0.0).finding()
+    assert found is not None and (found.what, found.step, found.phase) == ("parameters", 3, "optimizer")
+    assert found.weights_clean is False
+
+
+def test_near_miss_the_same_training_with_eps_ends_clean():
+    assert _train_unused_rows(eps=1e-8).finding() is None
 
 
 FLAKY = """\
@@ -102,3 +133,14 @@ def test_the_steps_numbers_read_back_as_float32_whatever_their_dtype():
     read = _as_floats(values)
     assert read[:3] == torch.stack([v.float() for v in values[:3]]).tolist()
     assert read[0] == read[1] != 0.1 and read[2] != read[0] and read[3] != read[3]
+
+
+def test_a_run_whose_parameters_end_non_finite_is_localised_to_the_optimizer_by_replay(tmp_path):
+    sample = Path(__file__).parents[2] / "sample_scripts" / "adam_eps_zero_unused_embedding.py"
+    (tmp_path / "train.py").write_text(sample.read_text())
+    result = run_nandoctor(["run", "--mode", "watch", "train.py"], tmp_path)
+    report = result.report
+    assert result.code == 3 and report["mode"] == "watch" and report["reproduced"] is True
+    assert report["cause"]["id"] == "optimizer_invalid" and report["root"]["phase"] == "optimizer"
+    assert report["weights_clean"] is False
+    assert "at the end of the run" in result.stderr
