@@ -6,7 +6,9 @@ it gets a record (its number, the bad rows and their dataset indices) and stops 
 only if it reaches something that matters; a script that imputes it first runs on. The bad
 samples of a map-style dataset are fetched again in this process under the mode
 (`refetch`), so an op in `__getitem__` that made the NaN (`mask / mask.max()`) becomes the
-batch's parent in the lineage, with its own line. When no op there made it and the loader
+batch's parent in the lineage, with its own line; a sample that is a slice of a tensor
+already non-finite when it entered torch (`TensorDataset(torch.from_numpy(x))`) has that
+entry as its parent, at the line where it came in. When no op there made it and the loader
 collates with a function of the script's, the whole batch is fetched and collated again:
 a per-batch statistic (`(y - y.mean()) / y.std()` over a constant batch) needs every sample.
 The script's random state is put back after a refetch.
@@ -26,9 +28,11 @@ ROWS_KEPT = 20
 
 
 class BatchChecks:
-    def __init__(self, recorder: Recorder, refetch: Callable[..., None]) -> None:
+    def __init__(self, recorder: Recorder, refetch: Callable[..., list]) -> None:
         self.recorder = recorder
-        self.refetch = refetch  # refetch(dataset, indices, collate=None): again, under the per-op mode
+        # refetch(dataset, indices, collate=None): again, under the per-op mode; gives the
+        # non-finite tensors of the refetched samples
+        self.refetch = refetch
 
     def check(self, batch, batch_number: int, indices, dataset=None, collate=None) -> None:
         for path, t in tensors_in(batch):
@@ -36,8 +40,9 @@ class BatchChecks:
                 origin = batch_origin(t, path, batch_number, indices)
                 mark = next_order()
                 refetchable = dataset is not None and hasattr(dataset, "__getitem__")
+                fetched = []
                 if refetchable and origin.dataset_indices:
-                    self.refetch(dataset, origin.dataset_indices)
+                    fetched = self.refetch(dataset, origin.dataset_indices)
                 if refetchable and self.recorder.first_birth_since(mark) is None and _own_collate(collate) \
                         and indices is not None:
                     # Not made in __getitem__: a collate_fn of the script's may have made it, from
@@ -45,13 +50,20 @@ class BatchChecks:
                     self.refetch(dataset, tuple(int(i) for i in indices), collate)
                 record = self.recorder.existing_or_bare(t, "", "data")
                 record.facts.batch = origin
-                made_here = self.recorder.first_birth_since(mark)
+                made_here = self.recorder.first_birth_since(mark) or self._entered_earlier(fetched)
                 if made_here is not None:  # an op in __getitem__ made it: the batch's parent
                     record.parents.append(made_here)
                     record.facts.untracked_input = False
                     # The root is that op, and the report names the root's batch and samples.
                     made_here.facts.batch = made_here.facts.batch or origin
                 self.recorder.records.put(t, record)
+
+
+    def _entered_earlier(self, samples: list[torch.Tensor]):
+        """The earliest record a bad sample carries from before this batch: the tensor the
+        dataset slices entered torch non-finite (from_numpy, torch.tensor) or an op made it."""
+        carried = [r for r in map(self.recorder.records.get, samples) if r is not None and not r.intended]
+        return min(carried, key=lambda r: r.order, default=None)
 
 
 def _own_collate(collate) -> bool:

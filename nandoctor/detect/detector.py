@@ -606,12 +606,12 @@ class Detector(Observer):
             with self.internal():
                 self.batches.check(batch, batch_number, indices, dataset, collate)
 
-    def _refetch(self, dataset, indices, collate=None) -> None:
+    def _refetch(self, dataset, indices, collate=None) -> list[torch.Tensor]:
         """Fetch these samples again under the per-op mode (and collate them, when
         `collate` is given), so the op that makes the value there is recorded with its own
-        line. The random state is the script's again after (a random augmentation draws
-        again here; a script that imputes the batch trains on with its own stream). Best
-        effort: the batch is recorded anyway."""
+        line; gives the samples' non-finite tensors. The random state is the script's again
+        after (a random augmentation draws again here; a script that imputes the batch
+        trains on with its own stream). Best effort: the batch is recorded anyway."""
         self.state.data_depth += 1
         self.passive = False
         self._resume()
@@ -623,10 +623,12 @@ class Detector(Observer):
         except NonFiniteFound:
             raise
         except Exception:  # noqa: BLE001 - a dataset that fails on a re-read: report the batch
-            pass
+            return []
         finally:
             self.passive = True
             self.state.data_depth -= 1
+        with self.internal():
+            return [t for _, t in tensors_in(samples) if t.is_floating_point() and not all_finite(t)]
 
     # -- stopping ------------------------------------------------------------------------
 

@@ -182,6 +182,39 @@ def test_a_batch_the_script_imputes_trains_on_with_the_scripts_own_random_number
     assert not found.stopped and same
 
 
+def _tensor_dataset_training(impute_first: bool, num_workers: int = 0):
+    import numpy as np
+
+    features = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    features[21, 2] = np.nan  # a missing reading, in numpy before torch sees it
+    x = torch.from_numpy(features)  # MARK-entry
+    if impute_first:
+        x = torch.nan_to_num(x)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(torch.utils.data.TensorDataset(x, torch.ones(32, 1)), batch_size=8, num_workers=num_workers)
+    for xb, yb in loader:
+        loss = ((model(xb) - yb) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_nan_that_entered_torch_before_the_dataset_is_rooted_where_it_entered(num_workers):
+    found = detect(lambda: _tensor_dataset_training(impute_first=False, num_workers=num_workers))
+    assert found.stopped
+    root = found.detection.root
+    # Not the `for` line that fetched the batch: the from_numpy line, with the batch and sample.
+    assert root.facts.entered and "MARK-entry" in root.location.code
+    assert root.facts.batch.number == 2 and root.facts.batch.dataset_indices == (21,)
+
+
+def test_near_miss_data_imputed_before_the_dataset_is_clean():
+    assert not detect(lambda: _tensor_dataset_training(impute_first=True)).stopped
+
+
 def test_the_history_keeps_the_gradient_norm_from_before_clipping():
     def train():
         torch.manual_seed(0)
