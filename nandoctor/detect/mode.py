@@ -18,7 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nandoctor.detect.ops import OpKind, cast_widens, is_inplace, op_kind, value_outputs, writes_nonfinite_scalar
+from nandoctor.detect.ops import (OpKind, cast_widens, is_inplace, op_kind, value_outputs, writes_nonfinite_scalar,
+                                  writes_undefined)
 
 _current_node = torch._C._current_autograd_node
 _jit_tracing = torch._C._get_tracing_state
@@ -134,6 +135,8 @@ class CheckingMode(TorchDispatchMode):
                     d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out)):
                 # (A deferred run keeps no lineage, so an intended -inf needs no record there.)
                 d.on_nonfinite(func, args, kwargs, out, node, created, intended=True)
+            elif writes_undefined(func, args):
+                d.on_nonfinite(func, args, kwargs, out, node, created)  # a NaN the op computed
             elif d.records and isinstance(out, torch.Tensor):
                 d.filled(args, out)  # a recorded value selected, overwritten or passed through
         elif kind is OpKind.PASSTHROUGH:

@@ -159,7 +159,7 @@ def writes_nonfinite_scalar(func, args, kwargs, recorded=lambda t: None) -> bool
     carried on (Keras's `divide_no_nan` is a `where` over a non-finite loss). One that was
     itself written on purpose is: `where(causal, scalar_tensor(-inf), 0)` is how
     nn.MultiheadAttention builds its float mask on every call."""
-    if base_name(func) not in FILL_OPS:
+    if base_name(func) not in FILL_OPS or writes_undefined(func, args):
         return False
     for value in (*args, *kwargs.values()):
         if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
@@ -170,6 +170,14 @@ def writes_nonfinite_scalar(func, args, kwargs, recorded=lambda t: None) -> bool
             if v != v or v in (float("inf"), float("-inf")):
                 return True
     return False
+
+
+def writes_undefined(func, args) -> bool:
+    """`scalar_tensor(nan)`: how torch's own composite ops write NaN where their result is
+    undefined (`torch.logdet` of a matrix whose determinant is negative is
+    `where(sign < 0, scalar_tensor(nan), logabsdet)`). Scripts write NaN with `full`,
+    `fill_`, `masked_fill` or `torch.tensor`; this NaN is made by the op the line called."""
+    return base_name(func) == "scalar_tensor" and bool(args) and isinstance(args[0], float) and args[0] != args[0]
 
 
 def _written_on_purpose_or_new(record) -> bool:

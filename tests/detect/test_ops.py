@@ -133,3 +133,24 @@ def test_a_ctc_loss_workspace_is_not_taken_for_values_the_op_made():
 
     detected = detect(train)
     assert not detected.stopped and detected.detector.discarded() == []
+
+
+def test_a_nan_torch_writes_inside_its_own_function_is_made_there_not_written_on_purpose():
+    # torch.logdet is where(sign < 0, scalar_tensor(nan), logabsdet): NaN for a negative
+    # determinant, made by the function the line called (whose line is the root).
+    def loss():
+        a = torch.diag(torch.tensor([1.0, -2.0, 3.0]))
+        read_back(torch.logdet(a) * 2)  # MARK-logdet
+
+    found = detect(loss)
+    assert found.stopped and not found.detection.root.facts.written_on_purpose
+    assert "MARK-logdet" in found.detection.root.location.code
+
+
+def test_near_miss_a_nan_placeholder_the_script_fills_in_is_written_on_purpose():
+    def per_class_recall():
+        recall = torch.full((3,), float("nan"))
+        recall[0], recall[2] = 0.5, 0.75
+        print(recall.tolist(), torch.nanmean(recall).item())
+
+    assert not detect(per_class_recall).stopped

@@ -307,6 +307,15 @@ class TestContext:
         mask[1, :2] = True  # masked, but every chunk keeps a value
         assert stays_clean(lambda: self.online_logsumexp(torch.randn(3, 6).masked_fill(mask, float("-inf")), 3))
 
+    def test_logdet_of_a_negative_determinant_is_a_log_of_a_non_positive_value(self):
+        a = torch.nn.Parameter(torch.diag(torch.tensor([1.0, -2.0, 3.0])))
+        cause = cause_of(lambda: torch.logdet(a).backward())
+        assert cause.id == "log_nonpositive" and "slogdet" in cause.fix
+
+    def test_near_miss_logdet_of_a_positive_definite_matrix_is_clean(self):
+        a = torch.nn.Parameter(torch.diag(torch.tensor([1.0, 2.0, 3.0])))
+        assert stays_clean(lambda: torch.logdet(a).backward())
+
     def test_a_non_finite_batch_is_input_data(self):
         data = torch.randn(8, 3)
         data[5, 0] = float("inf")

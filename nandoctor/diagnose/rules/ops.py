@@ -152,6 +152,24 @@ def zero_variance(ev: Evidence) -> Cause:
     )
 
 
+@op_rule("scalar_tensor")
+def logdet_of_negative_determinant(ev: Evidence) -> Cause | None:
+    """A NaN torch wrote itself inside the function the line called (`scalar_tensor(nan)`,
+    where the result is undefined): `torch.logdet` does so for a negative determinant."""
+    code = ev.root.location.code if ev.root.location else ""
+    if "logdet" not in code:
+        return None
+    return Cause(
+        "log_nonpositive",
+        "logdet of a matrix whose determinant is negative",
+        f"At {ev.where} ({ev.code}) `logdet` is the log of the determinant, and some matrices have a negative "
+        "determinant: torch returns NaN for them (log of a negative number). A matrix meant to be a covariance or "
+        "precision is not positive definite, or an unconstrained parameter's determinant changed sign.",
+        "Use `torch.linalg.slogdet(A)` and handle sign <= 0, or keep the matrix positive definite by construction "
+        "(`L @ L.mT + eps * I`, with `logdet = 2 * torch.linalg.cholesky(S).diagonal(dim1=-2, dim2=-1).log().sum(-1)`).",
+    )
+
+
 @op_rule("exp", "exp2", "expm1", "sinh", "cosh")
 def exp_overflow(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
