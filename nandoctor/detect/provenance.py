@@ -20,6 +20,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.detect.compiled import compiling
 from nandoctor.detect.result import Location
+from nandoctor.detect.records import storage_key
 
 def _library_dirs() -> tuple[str, ...]:
     """Where library code lives: torch, nandoctor, the stdlib and every installed package
@@ -200,6 +201,18 @@ class ModuleTracker:
     def parameter_name(self, tensor: torch.Tensor) -> str | None:
         """`encoder.layers.0.linear1.weight` for a parameter or buffer of a module that ran."""
         return self._parameter_names.get(tensor)
+
+    def holds_gradient(self, tensors) -> bool:
+        """Is one of `tensors` (or what it views) the `.grad` of a parameter of a module that
+        ran? On the rare path only: it looks at every parameter."""
+        storages = {storage_key(t) for t in tensors} - {None}
+        if not storages:
+            return False
+        for p in list(self._parameter_names.keys()):
+            grad = getattr(p, "grad", None)
+            if isinstance(grad, torch.Tensor) and storage_key(grad) in storages:
+                return True
+        return False
 
     def building(self) -> bool:
         """Is a module being set up: loading a state dict, or inside an nn.Module's

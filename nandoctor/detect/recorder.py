@@ -149,8 +149,13 @@ class Recorder:
         return source if extreme == extreme and extreme != -masks_with else None
 
     def phase(self, node, args) -> str:
-        """The phase of an op running now (see TrainingState.phase)."""
-        return self.state.phase(node, args, self.modules.current, self.modules.building)
+        """The phase of an op running now (see TrainingState.phase). Between `backward()`
+        and the step, an op on a parameter's gradient (a hand-written normalisation or
+        clipping of `p.grad`) works on what backward made: backward, not forward."""
+        phase = self.state.phase(node, args, self.modules.current, self.modules.building)
+        if phase == "forward" and self.state.backward_started and self.modules.holds_gradient(tensors_of(args)):
+            return "backward"
+        return phase
 
     def _parents(self, tensors, overwritten: str | None, before) -> tuple[list[Record], SiteFacts]:
         """The records of the non-finite inputs; an input non-finite with no record came

@@ -381,6 +381,31 @@ class TestPhasesAndSteps:
         assert result.detection.root.step == 3
         assert len(result.detector.history().loss) == 3
 
+    @staticmethod
+    def _after_backward(work_on_gradient: bool):
+        emb = torch.nn.Embedding(6, 2)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+
+        def train():
+            loss = emb(torch.tensor([1, 2])).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            g = emb.weight.grad
+            if work_on_gradient:
+                g.div_(g.norm(dim=1, keepdim=True))  # rows never looked up: 0/0
+            else:
+                read_back(loss.detach() / torch.zeros(1))  # a metric, after backward
+            opt.step()
+
+        return detect(train).detection.root
+
+    def test_work_on_a_gradient_between_backward_and_the_step_is_phase_backward(self):
+        root = self._after_backward(work_on_gradient=True)
+        assert root.op == "aten.div_.Tensor" and root.phase == "backward" and root.backward_node is None
+
+    def test_near_miss_a_metric_computed_after_backward_is_still_forward(self):
+        assert self._after_backward(work_on_gradient=False).phase == "forward"
+
     def test_a_module_name_is_recorded(self):
         class Head(torch.nn.Module):
             def forward(self, x):
