@@ -163,6 +163,32 @@ class TestExpAndOverflow:
         assert cause.id == "exp_overflow"
         assert "1000" in cause.explanation and "88.72" in cause.explanation
 
+    @staticmethod
+    def _gaussian_nll(lr: float):
+        """A learned log-sigma through exp; the targets' scale (x10) and lr=2 blow the
+        weights up in one step, and exp overflows on the next forward."""
+        torch.manual_seed(0)
+        net = torch.nn.Linear(4, 2)
+        x = torch.randn(32, 4)
+        y = x.sum(1) * 10
+
+        def loss():
+            out = net(x)
+            sigma = torch.exp(out[:, 1])
+            return (torch.log(sigma) + 0.5 * ((y - out[:, 0]) / sigma) ** 2).mean()
+
+        return train_steps(loss, net.parameters(), steps=3, lr=lr)
+
+    def test_exp_of_inputs_grown_huge_after_a_step_blames_the_learning_rate(self):
+        cause = cause_of(self._gaussian_nll(lr=2.0))
+        assert cause.id == "exp_overflow" and "learning rate is likely too large" in cause.explanation
+        assert cause.fix.startswith("Lower the learning rate")
+
+    def test_near_miss_exp_overflow_before_any_step_keeps_the_exp_advice(self):
+        a = torch.nn.Parameter(torch.tensor([1e5, 1.0]))
+        cause = cause_of(lambda: (torch.rand(2) / torch.exp(a)).sum().backward())
+        assert "learning rate" not in cause.explanation and cause.fix.startswith("Subtract the max")
+
     def test_near_miss_exp_of_80_is_fine(self):
         assert stays_clean(lambda: torch.exp(torch.tensor([80.0])) / 2)
 

@@ -176,15 +176,32 @@ def exp_overflow(ev: Evidence) -> Cause | None:
     limit = EXP_LIMIT.get(ev.dtype, 88.72)
     if x is None or x.max is None or x.max <= limit * 0.99:
         return None
+    blew_up = _weights_blew_up(ev, x.max)
     return Cause(
         "exp_overflow",
         f"{ev.op} overflow: inputs above {limit} in {ev.dtype}",
         f"At {ev.where} ({ev.code}) the largest input to {ev.op} is {fmt(x.max)}; exp of anything above {limit} "
-        f"is Inf in {ev.dtype} ({_out(ev)}). Later arithmetic on the Inf (inf/inf, 0*inf in backward) makes NaN.",
-        "Subtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` do it for you), "
+        f"is Inf in {ev.dtype} ({_out(ev)}). Later arithmetic on the Inf (inf/inf, 0*inf in backward) makes NaN."
+        + blew_up,
+        ("Lower the learning rate (10-100x) and clip gradients (`clip_grad_norm_(params, 1.0)`); also, s" if blew_up
+         else "S") + "ubtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` do it for you), "
         "keep the computation in log space (`c * torch.exp(-a)` as `torch.exp(torch.log(c) - a)`), "
         "or clamp the exponent: `torch.exp(x.clamp(max=80))`.",
     )
+
+
+# No healthy forward feeds exp values this large (a softmax logit is rarely above 100):
+# after training began (the same data passed at step 0) they mean the weights themselves
+# blew up (a learning rate far too large), not an exp written unsafely.
+_BLOWN_UP_EXPONENT = 1e3
+
+
+def _weights_blew_up(ev: Evidence, largest: float) -> str:
+    norms = [g for g in ev.history.grad_norm if g is not None]
+    if not ev.step or largest < _BLOWN_UP_EXPONENT or not norms:
+        return ""
+    return (f" Inputs of {fmt(largest)} after {ev.step} optimizer step{'s' if ev.step != 1 else ''} (the last gradient "
+            f"norm was {fmt(norms[-1])}) mean the weights grew out of range: the learning rate is likely too large.")
 
 
 @op_rule("sqrt", "rsqrt", nodes=("SqrtBackward", "RsqrtBackward"))
