@@ -9,7 +9,6 @@ op's own facts). Nothing here decides whether to stop; see `policy.py`.
 from __future__ import annotations
 
 import collections
-import math
 from typing import Any
 
 import torch
@@ -124,13 +123,13 @@ class Recorder:
         this op only passed on, or None when the op may have made something of its own.
 
         `scores + mask` (SDPA adds a float attention mask to the scores), `mask * 2`, a sum
-        over a masked row: every non-finite input is an intended record, the output holds
-        no NaN, and its infinities all have the sign of the intended ones. Such an output
-        is the mask again, not a birth: it carries the mask's record, as a view would, and
-        costs two reductions instead of a record's exact statistics (every step of a model
-        with a causal mask). An Inf of the other sign (`exp(-masked)`), a NaN (an all -inf
-        row through softmax) or a non-finite input with no record is a birth, recorded.
-        (Should the mask itself reach the loss, the report's root is where it was written.)"""
+        over a masked row, `-logp.mean()` over masked log-probabilities: every non-finite
+        input is an intended record and the output holds no NaN. Such an output is the
+        mask again, its sign flipped or not, not a birth: it carries the mask's record, as a
+        view would, and costs one reduction instead of a record's exact statistics (every
+        step of a model with a causal mask). A NaN (an all -inf row through softmax,
+        `-inf - (-inf)`) or a non-finite input with no record is a birth, recorded. (Should
+        the mask itself reach the loss, the report's root is where it was written.)"""
         source = None
         for t in tensors_of((*args, *kwargs.values())):
             record = self.records.get(t)
@@ -141,12 +140,9 @@ class Recorder:
             if not record.facts.written_on_purpose or record.output is None or record.output.nan:
                 return None  # (a value made on an allowed line is accepted there, not a mask)
             source = source or record
-        if source is None or source.output.posinf and source.output.neginf:
+        if source is None or bool(torch.isnan(out).any()):
             return None
-        # The max (min) is NaN when any element is, and +Inf (-Inf) when any element is.
-        masks_with = -math.inf if source.output.neginf else math.inf
-        extreme = (out.max() if masks_with < 0 else out.min()).item()
-        return source if extreme == extreme and extreme != -masks_with else None
+        return source
 
     def phase(self, node, args) -> str:
         """The phase of an op running now (see TrainingState.phase). Between `backward()`

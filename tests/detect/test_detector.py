@@ -540,12 +540,33 @@ class TestMasksPassedOn:
         result = detect(train)
         assert not result.stopped and result.detector.discarded() == []
 
-    def test_near_miss_negating_the_mask_makes_a_plus_inf_of_its_own(self):
+    def test_a_mask_whose_sign_flips_on_the_way_to_the_loss_is_still_the_mask(self):
+        # Label smoothing over masked log-probabilities: -logp.mean() is +inf, the mask
+        # used as a number, found where it was written, not at the negation.
+        def smoothed():
+            logits = torch.randn(2, 4, requires_grad=True)
+            logp = logits.masked_fill(torch.tensor([False, False, True, True]), float("-inf")).log_softmax(-1)
+            (-logp.mean(-1)).mean().backward()
+
+        result = detect(smoothed)
+        assert result.stopped and result.detection.root.op == "aten.masked_fill.Scalar"
+        assert result.detection.root.facts.written_on_purpose
+
+    def test_near_miss_a_flipped_mask_that_a_softmax_consumes_makes_nothing(self):
+        def nearest():  # a softmax over negated distances, +inf where masked
+            dist = torch.rand(3, 4).masked_fill(torch.tensor([True, False, False, False]), float("inf"))
+            read_back(torch.softmax(-dist, -1))
+
+        result = detect(nearest)
+        assert not result.stopped and result.detector.discarded() == []
+
+    def test_near_miss_a_mask_minus_itself_makes_a_nan_of_its_own(self):
         def use():
-            read_back(torch.exp(-(torch.randn(4, 4) + self.causal_mask())))
+            masked = torch.randn(4, 4) + self.causal_mask()
+            read_back(masked - masked)  # -inf - (-inf)
 
         result = detect(use)
-        assert result.stopped and result.detection.root.op == "aten.neg.default"
+        assert result.stopped and result.detection.root.op == "aten.sub.Tensor"
 
     def test_near_miss_an_inf_on_an_allowed_line_is_not_a_mask(self):
         def metric():
