@@ -43,6 +43,14 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
         if forward is not None and not forward.parents:
             forward.facts.gradient_leak_through = root.backward_node
             chain.append(forward)
+        elif forward is not None:
+            # Its forward op took an Inf made earlier in forward that a mask dropped after
+            # (`where(valid, -p * torch.log(p), 0)`: log(0) into a product): backward still
+            # multiplies by it, so the leak's root is where that Inf was made.
+            made = _path_to_earliest(forward, lambda child, parent: not parent.intended)
+            if len(made) > 1 and made[-1].facts.masked and made[-1].phase != "backward":
+                made[-1].facts.gradient_leak_through = root.backward_node
+                chain.extend(made)
     elif root.phase != "backward" and root.facts.masked:
         # Made in forward, dropped there (so the loss stayed finite), yet backward ran
         # through it: the first backward op on the way turned it into a NaN gradient.

@@ -155,6 +155,28 @@ class TestDivision:
         assert cause.id == "masked_inf_gradient_leak"
         assert "DivBackward0" in cause.explanation and "where" in cause.fix
 
+    @staticmethod
+    def _entropy_of_attention(safe: bool):
+        """An attention entropy over the valid positions: p = 0 where padded."""
+        scores = torch.nn.Parameter(torch.randn(2, 4))
+        valid = torch.tensor([[True, True, True, False], [True, True, False, False]])
+
+        def loss():
+            p = scores.masked_fill(~valid, float("-inf")).softmax(-1)
+            logp = torch.log(torch.where(valid, p, 1.0) if safe else p)
+            return torch.where(valid, -p * logp, torch.zeros_like(p)).sum()
+
+        return train_steps(loss, [scores])
+
+    def test_log_of_zero_dropped_after_a_product_leaks_into_the_gradient(self):
+        # The Inf from log(0) goes through a product before `where` drops it: backward of
+        # the product multiplies by it, and the leak's root is still the log.
+        cause = cause_of(self._entropy_of_attention(safe=False))
+        assert cause.id == "masked_inf_gradient_leak" and "`log`" in cause.explanation
+
+    def test_near_miss_the_double_where_keeps_log_away_from_zero(self):
+        assert stays_clean(self._entropy_of_attention(safe=True))
+
 
 class TestExpAndOverflow:
     def test_exp_above_88_in_float32(self):
