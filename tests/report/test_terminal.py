@@ -97,6 +97,14 @@ def test_a_clean_run_is_one_line():
     )
 
 
+def test_a_clean_watch_run_says_what_watch_mode_looked_at():
+    # It checks the loss, the gradients and, at the end, the parameters; not every value
+    # the script prints.
+    text = rendered(RunReport(status="clean", exit_code=0, script="train.py", step=5, mode="watch"))
+    assert "no NaN or Inf in the loss, gradients or parameters of train.py over 5 optimizer steps" in \
+        " ".join(text.split())
+
+
 def test_a_clean_run_that_discarded_values_says_what_was_made_and_where():
     discarded = [Discarded("aten.log.default", Location("train.py", 27, "<module>", "h = p * torch.log(p)"), "inf", 12)]
     report = build_report("train.py", exit_code=0, step=12, discarded=discarded)
