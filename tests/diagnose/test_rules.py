@@ -64,6 +64,17 @@ class TestLogNonpositive:
         assert "1 of 3 inputs are 0" in cause.explanation and "1 of 3 are negative" in cause.explanation
         assert "clamp_min" in cause.fix
 
+    def test_log_of_one_minus_a_bfloat16_probability_that_rounded_to_one(self):
+        logits = torch.tensor([2.0, 7.0])  # sigmoid(7) = 0.9991: exactly 1.0 in bfloat16
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cause = cause_of(lambda: torch.log(1 - torch.sigmoid(logits.bfloat16())))
+        assert cause.id == "log_nonpositive" and "bfloat16" in cause.explanation
+        assert "logsigmoid" in cause.fix
+
+    def test_near_miss_a_float32_log_of_zero_says_nothing_of_rounding(self):
+        cause = cause_of(lambda: torch.log(1 - torch.tensor([0.5, 1.0])))
+        assert "rounds" not in cause.explanation and "logsigmoid" not in cause.fix
+
     def test_log_backward_of_an_underflowed_softmax(self):
         logits = torch.nn.Parameter(torch.tensor([[200.0, 0.0, -200.0]]))
         cause = cause_of(lambda: -(torch.tensor([[0.0, 0.0, 1.0]]) * torch.log(torch.softmax(logits, -1))).sum().backward())

@@ -54,14 +54,26 @@ def log_nonpositive(ev: Evidence) -> Cause | None:
         return None
     source = _producer(ev, x.name)
     underflow = f" The input comes from `{source}`, which underflowed to 0." if source and "softmax" in source.lower() else ""
+    rounded = _rounded_to_zero(x.dtype) if zeros and lower == 0.0 else ""
     return Cause(
         "log_nonpositive",
         f"{ev.op} of a non-positive value",
-        f"At {ev.where} ({ev.code}) {'; '.join(parts)}.{underflow}",
-        "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), "
+        f"At {ev.where} ({ev.code}) {'; '.join(parts)}.{underflow}{rounded}",
+        ("Compute it in log space (`F.logsigmoid(x)` / `F.logsigmoid(-x)` for log(p) / log(1 - p), "
+         "`F.binary_cross_entropy_with_logits`), or in float32 outside autocast; or k" if rounded else "K")
+        + "eep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), "
         "parametrise positive quantities as `softplus(raw)` or `exp(log_param)`, "
         "and use `F.log_softmax` / `F.cross_entropy` on logits instead of log(softmax).",
     )
+
+
+def _rounded_to_zero(dtype: str) -> str:
+    """In a 16-bit float a probability near 1 rounds to exactly 1 (bfloat16 keeps 8 bits:
+    anything above 1 - 2**-9), so `1 - p` is 0 where float32 would give a small number."""
+    if dtype not in ("bfloat16", "float16"):
+        return ""
+    return (f" The values are {dtype}: a probability near 1 rounds to exactly 1 (and a tiny one to 0), "
+            "so `1 - p` or `p` is 0 where float32 would have kept a small positive number.")
 
 
 def _out(ev: Evidence) -> str:
