@@ -161,14 +161,14 @@ class Recorder:
         for name, t in tensors:
             if name == overwritten and before is None:
                 # Its values before the op are gone: only a record says it was bad before.
-                parent = self.records.get(t)
-                parents += [parent] if parent is not None else []
+                parents += self.records.all_of(t)
                 continue
             value = before if name == overwritten else t
             if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
-                parent = self.records.get(t)
-                if parent is not None:
-                    parents.append(parent)
+                # (Every record of what it covers: slices of it written separately.)
+                recorded = self.records.all_of(t)
+                if recorded:
+                    parents += recorded
                     continue
                 facts.untracked_input = True
                 if facts.parameter is None:

@@ -61,10 +61,17 @@ def tensors_of(args):
 
 
 class RecordTable:
-    """Storage -> the latest record of a non-finite value written there."""
+    """Storage -> the records of the non-finite values written there, by region.
+
+    Mostly one record per storage. Views of one tensor written separately (`train_X[:, j]
+    /= sd` and `val_X[:, j] /= sd`, two slices of one dataset tensor; a buffer filled
+    sample by sample) each keep their own record: a later write elsewhere in the storage
+    does not replace the record of values it never touched. A region is the element span
+    a view covers (conservative for strided views)."""
 
     def __init__(self, limit: int = 4096) -> None:
-        self._by_storage: dict[int, tuple[StorageWeakRef, Record]] = {}
+        # key -> [(storage, record, (start, end))], latest last
+        self._by_storage: dict[int, list[tuple[StorageWeakRef, Record, tuple[int, int]]]] = {}
         self._limit = limit
 
     def __bool__(self) -> bool:
@@ -79,34 +86,83 @@ class RecordTable:
             return
         if len(self._by_storage) >= self._limit:
             self.prune()
-        self._by_storage[key] = (StorageWeakRef(t.untyped_storage()), record)
+        region = _region(t)
+        kept = []
+        for entry in self._by_storage.get(key, ()):
+            ref, old, (start, end) = entry
+            if ref.expired() or region[0] <= start and end <= region[1]:
+                continue  # gone, or every value it covered may have been written again
+            if old is record:  # (a view of a recorded value: one entry covering both)
+                region = (min(start, region[0]), max(end, region[1]))
+                continue
+            kept.append(entry)
+        kept.append((StorageWeakRef(t.untyped_storage()), record, region))
+        self._by_storage[key] = kept[-_PER_STORAGE:]
 
     def get(self, t: torch.Tensor) -> Record | None:
+        """The latest record of a value written where `t` looks."""
         key = storage_key(t)
-        entry = self._by_storage.get(key) if key else None
-        if entry is None:
+        entries = self._by_storage.get(key) if key else None
+        if not entries:
             return None
-        storage, record = entry
-        if storage.expired():
+        if entries[0][0].expired():
             del self._by_storage[key]
             return None
-        return record
+        if len(entries) == 1 and entries[0][2] is _WHOLE:  # (the usual case: no region to compare)
+            return entries[0][1]
+        return next(reversed(self._overlapping(entries, _region(t))), None)
+
+    def all_of(self, t: torch.Tensor) -> list[Record]:
+        """Every record of a value written where `t` looks, oldest first (the rare path)."""
+        key = storage_key(t)
+        entries = self._by_storage.get(key) if key else None
+        if not entries or entries[0][0].expired():
+            return []
+        return self._overlapping(entries, _region(t))
 
     def any_of(self, args) -> bool:
         """Does any tensor in `args` (lists of tensors included) have a record?"""
         return any(self.get(t) is not None for t in tensors_of(args))
 
     def forget(self, t: torch.Tensor) -> None:
-        """A tensor was overwritten in place with finite values (e.g. masked_fill_ of the Infs)."""
+        """A tensor was overwritten in place with finite values (e.g. masked_fill_ of the Infs):
+        the records of values inside what it covers are gone."""
         key = storage_key(t)
-        if key:
-            self._by_storage.pop(key, None)
+        if not key or key not in self._by_storage:
+            return
+        start, end = _region(t)
+        kept = [e for e in self._by_storage[key] if not (start <= e[2][0] and e[2][1] <= end)]
+        if kept:
+            self._by_storage[key] = kept
+        else:
+            del self._by_storage[key]
+
+    @staticmethod
+    def _overlapping(entries, region: tuple[int, int]) -> list[Record]:
+        start, end = region
+        return [record for _, record, (s, e) in entries if s < end and start < e]
 
     def prune(self) -> None:
         """Drop the records of freed storage (called at step boundaries and when full)."""
-        dead = [k for k, (storage, _) in self._by_storage.items() if storage.expired()]
+        dead = [k for k, entries in self._by_storage.items() if entries[0][0].expired()]
         for k in dead:
             del self._by_storage[k]
         if len(self._by_storage) >= self._limit:  # still full of live tensors: drop the oldest
             for k in list(self._by_storage)[: self._limit // 2]:
                 del self._by_storage[k]
+
+
+_PER_STORAGE = 16  # separately written regions kept per storage (the latest)
+_WHOLE = (0, 1 << 62)  # the region of a tensor that covers its whole storage
+
+
+def _region(t: torch.Tensor) -> tuple[int, int]:
+    """The span of storage elements `t` covers: [offset, past its last element), or
+    `_WHOLE` when that is all of its storage."""
+    start = t.storage_offset()
+    if t.numel() == 0:
+        return start, start
+    end = start + 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    if start == 0 and end * t.element_size() == t.untyped_storage().nbytes():
+        return _WHOLE
+    return start, end

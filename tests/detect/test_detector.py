@@ -364,6 +364,36 @@ class TestInPlaceOps:
         assert d.root.op == "aten.log.default" and d.root.location.line == line_of("MARK-log-first")
 
 
+class TestSlicesOfOneTensor:
+    """Two slices of one tensor written in place separately each keep their own record: a
+    later bad write to the validation rows is not what reached the training forward."""
+
+    @staticmethod
+    def _standardise_in_place(train_constant: bool):
+        data = torch.randn(10, 2)
+        data[:6, 1] = 3.0 if train_constant else data[:6, 1]
+        train, val = data[:6], data[6:]
+        model = torch.nn.Linear(2, 1)
+
+        def prepare_and_train():
+            sd = train[:, 1].std()
+            train[:, 1] -= train[:, 1].mean()
+            train[:, 1] /= sd  # MARK-train-slice
+            val[:, 1] /= sd * 0  # MARK-val-slice
+            model(train).sum().backward()
+
+        return detect(prepare_and_train)
+
+    def test_the_training_slice_is_the_root_not_a_later_write_to_the_validation_slice(self):
+        result = self._standardise_in_place(train_constant=True)
+        assert result.stopped and "MARK-train-slice" in result.detection.root.location.code
+
+    def test_near_miss_a_bad_validation_slice_alone_never_reaches_training(self):
+        result = self._standardise_in_place(train_constant=False)
+        assert not result.stopped
+        assert [d.location.line for d in result.detector.discarded()] == [line_of("MARK-val-slice")]
+
+
 class TestPhasesAndSteps:
     def test_optimizer_steps_are_counted_and_history_kept(self):
         model = torch.nn.Linear(2, 1)
