@@ -15,6 +15,7 @@ The script's random state is put back after a refetch.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -31,7 +32,7 @@ class BatchChecks:
     def __init__(self, recorder: Recorder, refetch: Callable[..., list]) -> None:
         self.recorder = recorder
         # refetch(dataset, indices, collate=None): again, under the per-op mode; gives the
-        # non-finite tensors of the refetched samples
+        # non-finite tensors of the refetched samples (None: the dataset failed on a re-read)
         self.refetch = refetch
 
     def check(self, batch, batch_number: int, indices, dataset=None, collate=None) -> None:
@@ -40,7 +41,7 @@ class BatchChecks:
                 origin = batch_origin(t, path, batch_number, indices)
                 mark = next_order()
                 refetchable = dataset is not None and hasattr(dataset, "__getitem__")
-                fetched = []
+                fetched = None
                 if refetchable and origin.dataset_indices:
                     fetched = self.refetch(dataset, origin.dataset_indices)
                 if refetchable and self.recorder.first_birth_since(mark) is None and _own_collate(collate) \
@@ -48,9 +49,11 @@ class BatchChecks:
                     # Not made in __getitem__: a collate_fn of the script's may have made it, from
                     # the whole batch (a per-batch statistic): the batch is collated again.
                     self.refetch(dataset, tuple(int(i) for i in indices), collate)
+                made_here = self.recorder.first_birth_since(mark) or self._entered_earlier(fetched or [])
+                if made_here is None and fetched == []:
+                    origin = dataclasses.replace(origin, refetched_finite=True)
                 record = self.recorder.existing_or_bare(t, "", "data")
                 record.facts.batch = origin
-                made_here = self.recorder.first_birth_since(mark) or self._entered_earlier(fetched)
                 if made_here is not None:  # an op in __getitem__ made it: the batch's parent
                     record.parents.append(made_here)
                     record.facts.untracked_input = False

@@ -606,7 +606,7 @@ class Detector(Observer):
             with self.internal():
                 self.batches.check(batch, batch_number, indices, dataset, collate)
 
-    def _refetch(self, dataset, indices, collate=None) -> list[torch.Tensor]:
+    def _refetch(self, dataset, indices, collate=None) -> list[torch.Tensor] | None:
         """Fetch these samples again under the per-op mode (and collate them, when
         `collate` is given), so the op that makes the value there is recorded with its own
         line; gives the samples' non-finite tensors. The random state is the script's again
@@ -623,7 +623,7 @@ class Detector(Observer):
         except NonFiniteFound:
             raise
         except Exception:  # noqa: BLE001 - a dataset that fails on a re-read: report the batch
-            return []
+            return None
         finally:
             self.passive = True
             self.state.data_depth -= 1

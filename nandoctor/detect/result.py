@@ -79,6 +79,9 @@ class BatchOrigin:
     key: str
     rows: tuple[int, ...] = ()
     dataset_indices: tuple[int, ...] | None = None
+    # Those samples fetched again in the main process came back finite: what made the
+    # value differs between fetches (a random transform, a worker's own state).
+    refetched_finite: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,8 @@ class SiteFacts:
             out.update(batch=b.number, key=b.key, rows=list(b.rows))
             if b.dataset_indices is not None:
                 out["dataset_indices"] = list(b.dataset_indices)
+            if b.refetched_finite:
+                out["refetched_finite"] = True
         if self.input_producers:
             out["input_producers"] = dict(self.input_producers)
         if self.ctc is not None:
@@ -195,7 +200,8 @@ class SiteFacts:
         if "batch" in data:
             indices = data.get("dataset_indices")
             facts.batch = BatchOrigin(data["batch"], data.get("key", "batch"), tuple(data.get("rows") or ()),
-                                      tuple(indices) if indices is not None else None)
+                                      tuple(indices) if indices is not None else None,
+                                      bool(data.get("refetched_finite", False)))
         if "input_lengths" in data:
             facts.ctc = CtcLengths(tuple(data["input_lengths"]), tuple(data["target_lengths"]),
                                    tuple(CtcItem(**i) for i in data.get("impossible") or ()))

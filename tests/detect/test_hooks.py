@@ -121,6 +121,37 @@ def test_the_sample_index_is_named_when_the_refetch_finds_the_op_in_process():
     assert found.detection.root.facts.batch.dataset_indices == (37,)
 
 
+class _FlakyOnFirstRead(Dataset):
+    """Sample 5 is NaN the first time it is read only (a random crop that happened to be
+    constant, state of the worker): a second read of it is finite."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        self.reads += i == 5
+        bad = i == 5 and self.reads == 1
+        return torch.full((4,), float("nan") if bad else 1.0), torch.tensor([1.0])
+
+
+def test_a_bad_sample_that_comes_back_finite_when_fetched_again_says_so():
+    def train():
+        model = torch.nn.Linear(4, 1)
+        for x, y in DataLoader(_FlakyOnFirstRead(), batch_size=4):
+            ((model(x) - y) ** 2).mean().backward()
+
+    batch = detect(train).detection.root.facts.batch
+    assert batch.dataset_indices == (5,) and batch.refetched_finite
+
+
+def test_near_miss_a_sample_bad_on_every_read_is_found_at_its_op_not_called_flaky():
+    root = detect(lambda: _loader_training(num_workers=0)).detection.root
+    assert root.op == "aten.div.Tensor" and not root.facts.batch.refetched_finite
+
+
 class _Targets(Dataset):
     """Targets whose samples 4-7 are all 5.0: a batch of 4 made of them has a std of 0."""
 

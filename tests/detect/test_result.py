@@ -12,9 +12,10 @@ EVERY_FACT = SiteFacts(
     parameter=ParameterRef(None, (3, 2), group=0, index=1), loads_parameter=True, parameter_before_step=True,
     written_by_optimizer=True, optimizer="Adam", untracked_input=True,
     inf_written_at=Location("model.py", 12, "forward", "scores.masked_fill_(mask, -inf)"),
-    batch=BatchOrigin(20, "[0]", rows=(3, 5), dataset_indices=(137, 9)), device_flag="nan",
+    batch=BatchOrigin(20, "[0]", rows=(3, 5), dataset_indices=(137, 9), refetched_finite=True), device_flag="nan",
     gradient_leak_through="DivBackward0", input_producers={"self": "SoftmaxBackward0"},
     ctc=CtcLengths((6, 6), (2, 7), (CtcItem(1, 6, 7, 0),)), exponent=-0.5, loss=float("nan"), grad_norm=2.5,
+    ignore_index=-100, counted_targets=0, reduced_count=1, correction=1.0,
 )
 
 
@@ -26,7 +27,7 @@ def test_site_facts_survive_a_json_round_trip():
 def test_site_facts_json_keeps_the_flat_keys_reports_already_had():
     data = EVERY_FACT.to_dict()
     assert data["batch"] == 20 and data["key"] == "[0]" and data["rows"] == [3, 5]
-    assert data["dataset_indices"] == [137, 9]
+    assert data["dataset_indices"] == [137, 9] and data["refetched_finite"] is True
     assert data["impossible"] == [{"item": 1, "input_length": 6, "target_length": 7, "repeats": 0}]
     assert data["parameter"] is None and data["parameter_shape"] == [3, 2] and data["parameter_position"] == [0, 1]
 

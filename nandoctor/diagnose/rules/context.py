@@ -114,11 +114,15 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
         indices, rows = batch.dataset_indices, batch.rows
         samples = (f"; dataset indices {list(indices)}" if indices else
                    f"; rows {list(rows)} of the batch" if rows else "")
+        again = (" Fetched again in this process, those samples came back finite: what made the value differs "
+                 "from one fetch to the next — a random transform (crop, augmentation) that sometimes gives a "
+                 "constant or empty image, state inside the worker processes, or data that changed."
+                 if batch.refetched_finite else "")
         return Cause(
             "nonfinite_input_data",
             "a batch arrived from the DataLoader already non-finite",
             f"{where} holds {_bad(out)} before any model op ran{samples}. The data itself (or the Dataset's "
-            "transforms, run in worker processes) contains NaN/Inf.",
+            f"transforms, run in worker processes) contains NaN/Inf.{again}",
             "Find and fix the samples: `nandoctor check-data <your data folder>` scans the files; in the Dataset, "
             "guard normalisations (`x / x.max()` of an all-zero sample) and drop or repair bad records.",
         )
