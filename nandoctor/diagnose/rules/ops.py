@@ -361,6 +361,9 @@ def softmax_all_masked(ev: Evidence) -> Cause | None:
         f"At {ev.where} ({ev.code}) some rows of the softmax input are -inf everywhere (fully masked); "
         f"exp(-inf - (-inf)) is NaN ({_out(ev)})."
         + (f" The -inf was written at {words.inf_source(ev.facts)}." if words.inf_source(ev.facts) else ""),
-        "Make sure every row keeps at least one unmasked position, use a large negative finite value "
-        "(`torch.finfo(x.dtype).min`) instead of -inf, or `torch.nan_to_num` the fully masked rows.",
+        "Handle the rows with nothing to attend to (an empty set, an all-padding sequence): drop them from the "
+        "batch, or give them finite scores before the softmax and zero weights after it (`any_valid = "
+        "valid.any(-1, keepdim=True); w = torch.softmax(torch.where(any_valid, masked, 0.0), -1) * any_valid`), "
+        "or keep one position always valid (a CLS/null token). A finite fill (`torch.finfo(x.dtype).min`) only hides the NaN: such a row then "
+        "attends uniformly to padding.",
     )
