@@ -184,6 +184,7 @@ class TestDivision:
         # the product multiplies by it, and the leak's root is still the log.
         cause = cause_of(self._entropy_of_attention(safe=False))
         assert cause.id == "masked_inf_gradient_leak" and "`log`" in cause.explanation
+        assert "torch.log(torch.where(valid, p, 1.0))" in cause.fix  # the double where, written for log
 
     def test_near_miss_the_double_where_keeps_log_away_from_zero(self):
         assert stays_clean(self._entropy_of_attention(safe=True))

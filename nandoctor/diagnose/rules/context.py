@@ -81,10 +81,21 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         "They are dropped afterwards (by indexing, `where` or a mask), so the loss is finite, but backward still "
         f"runs through every position: `{node}` computes 0 * Inf = NaN for the dropped ones, and the NaN reaches "
         "the gradients (pytorch issue 4132).",
-        "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): "
-        "`safe = torch.where(mask, target, torch.ones_like(target)); rel = torch.where(mask, (pred - target) / safe, 0)`, "
-        "or select first and divide after: `(pred[mask] - target[mask]) / target[mask]`.",
+        "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): " + _safe_before(ev.op),
     )
+
+
+def _safe_before(op: str | None) -> str:
+    """The double-`where` written for the op that made the Inf."""
+    name = (op or "").split(".")[1] if (op or "").count(".") >= 2 else (op or "")
+    if name.startswith("log"):
+        return ("`torch.log(torch.where(valid, p, 1.0))` instead of `torch.log(p)`, where `p` is 0 at the dropped "
+                "positions (`p * log(p)` is then 0 there, with a zero gradient).")
+    if name in ("div", "div_", "reciprocal", "true_divide"):
+        return ("`safe = torch.where(mask, target, torch.ones_like(target)); rel = torch.where(mask, (pred - target) / "
+                "safe, 0)`, or select first and divide after: `(pred[mask] - target[mask]) / target[mask]`.")
+    return ("replace the non-finite values by any finite one where they will be dropped (`x = torch.where(valid, x, "
+            "0.0)`, `torch.nan_to_num(x, posinf=0.0, neginf=0.0)`) before the arithmetic, not after it.")
 
 
 @context_rule
