@@ -107,6 +107,22 @@ class TestDivision:
         cause = cause_of(lambda: normalise(x))
         assert cause.id == "zero_variance"
 
+    def test_a_column_divided_in_place_by_a_spread_kept_in_a_variable_is_zero_variance(self):
+        def standardise():
+            x = torch.ones(8, 3)
+            sd = x[:, 1].std()
+            x[:, 1] /= sd
+            return x
+
+        assert cause_of(standardise).id == "zero_variance"
+
+    def test_near_miss_a_word_that_merely_contains_sd_is_plain_division_by_zero(self):
+        def per_price():
+            usd_price = torch.tensor([0.0, 2.0])
+            return torch.tensor([1.0, 1.0]) / usd_price
+
+        assert cause_of(per_price).id == "div_by_zero"
+
     def test_near_miss_a_zero_count_is_plain_division_by_zero(self):
         counts = torch.tensor([0.0, 2.0])
         cause = cause_of(lambda: torch.tensor([0.0, 1.0]) / counts)

@@ -143,7 +143,9 @@ def spread_of_too_few_values(ev: Evidence) -> Cause | None:
 
 
 # A divisor written as a spread of values: `x.std(0)`, `torch.var(x)`, `(x.max() - x.min())`.
-_SPREAD = re.compile(r"\b(std|var)\b|\bmax\b[^/]*-[^/]*\bmin\b")
+# The names people give a spread too: `sd`, `feature_std`, `var_y`, `stddev` (not a learned
+# `sigma`: a scale the model predicts is no spread of constant data).
+_SPREAD = re.compile(r"\b(?:\w+_)?(std|var|sd|stdev|stddev|variance)(?:_\w+)?\b|\bmax\b[^/]*-[^/]*\bmin\b")
 
 
 def _divides_by_a_spread(ev: Evidence) -> bool:
