@@ -134,9 +134,14 @@ class Recorder:
         for t in tensors_of((*args, *kwargs.values())):
             record = self.records.get(t)
             if record is None:
-                if t.is_floating_point() and not all_finite(t):
+                if not t.is_floating_point() or all_finite(t):
+                    continue
+                if storage_key(t) == storage_key(out):
+                    return None  # an in-place op's own input: it holds what the op just made
+                record = self.bare("", t, self.phase(None, ()))  # a sentinel no op was seen writing?
+                if not record.intended:  # (no: a value from outside)
                     return None
-                continue
+                self.records.put(t, record)
             if not record.facts.written_on_purpose or record.output is None or record.output.nan:
                 return None  # (a value made on an allowed line is accepted there, not a mask)
             source = source or record
@@ -221,24 +226,32 @@ class Recorder:
                 for (op, where), (count, nan, allowed) in made]
 
     def bare(self, op: str, t: torch.Tensor, phase: str) -> Record:
-        """A record for a non-finite value no op of which was seen being made."""
+        """A record for a non-finite value no op of which was seen being made. One that holds
+        one infinity and nothing else is a sentinel written on purpose, wherever it comes
+        from (`torch.tensor(float("inf"))`, a `best` buffer loaded from a checkpoint, a
+        running-min buffer in a `deepcopy` of the model): it carries no data."""
+        output = summarize(t, "value")
+        sentinel = _one_infinity_only(output)
         return Record(
             op=op, phase=phase, where=self.locator.user_frame(2), module=self.modules.current,
             backward_node=None, node_seq=None, step=self.state.step_or_none,
-            output=summarize(t, "value"), inputs=[], parents=[],
-            has_nan=bool(torch.isnan(t).any()), facts=SiteFacts(untracked_input=True),
+            output=output, inputs=[], parents=[], has_nan=output.nan > 0, intended=sentinel,
+            facts=SiteFacts(untracked_input=not sentinel, written_on_purpose=sentinel),
         )
+
+    def latest_birth(self) -> Record | None:
+        """The non-finite value made most recently (accepted lines and masks aside)."""
+        return next((r for r in reversed(self._births) if not r.intended), None)
 
     def entered(self, op: str, t: torch.Tensor, phase: str) -> Record:
         """The record of a value that entered torch non-finite: a birth, from outside, unless
         it holds one infinity and nothing else. `torch.tensor(float("inf"))` as the best loss
         so far, `-inf` to start a running max: such a value carries no data, it is a sentinel
-        written on purpose, as `torch.full((), float("inf"))` is. (Data with a bad value in it
-        has finite values around it; a NaN is never a sentinel here.)"""
+        written on purpose, as `torch.full((), float("inf"))` is (see `bare`). (Data with a
+        bad value in it has finite values around it; a NaN is never a sentinel here.)"""
         record = self.bare(op, t, phase)
         record.facts.entered = True
-        if _one_infinity_only(record.output):
-            record.intended = record.facts.written_on_purpose = True
+        if record.intended:
             return record
         self.count_made(record)
         self._births.append(record)

@@ -38,7 +38,8 @@ class SavedValues:
             record = self.records.get(t)
             # A value that entered torch from outside is from outside again once it is read
             # back from a file (a checkpoint loaded into a model is the file's problem).
-            if record is not None and not record.facts.entered and len(self._by_fingerprint) < REMEMBERED:
+            if record is not None and (record.intended or not record.facts.entered) \
+                    and len(self._by_fingerprint) < REMEMBERED:
                 self._by_fingerprint[fingerprint(t)] = record
 
     def loaded(self, obj) -> None:

@@ -657,3 +657,47 @@ class TestSentinels:
     def test_near_miss_a_nan_is_never_a_sentinel(self):
         result = detect(lambda: read_back(torch.tensor(float("nan"))))
         assert result.stopped
+
+
+class TestSentinelsInCopiesAndCheckpoints:
+    """A module's ±inf sentinel buffers (a best score, a running minimum) travel with it:
+    through a checkpoint file, even one an earlier run wrote, and through `deepcopy`."""
+
+    class Tracker(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 1)
+            self.register_buffer("best", torch.tensor(float("inf")))
+            self.register_buffer("low", torch.full((2,), float("inf")))
+
+    def test_a_checkpoint_an_earlier_run_saved_loads_its_sentinels_without_alarm(self, tmp_path):
+        torch.save(self.Tracker().state_dict(), tmp_path / "last.pt")  # before this run
+
+        def resume():
+            model = self.Tracker()
+            model.load_state_dict(torch.load(tmp_path / "last.pt"))
+            print(model.best.item(), model.low.tolist())
+
+        assert not detect(resume).stopped
+
+    def test_a_deepcopy_of_the_model_keeps_its_sentinels_sentinels(self):
+        import copy
+
+        def ema_copy():
+            ema = copy.deepcopy(self.Tracker())
+            print(ema.low.tolist(), ema.best.item())
+
+        assert not detect(ema_copy).stopped
+
+    def test_near_miss_a_checkpoint_with_an_inf_among_its_weights_is_still_a_bad_parameter(self, tmp_path):
+        state = self.Tracker().state_dict()
+        state["lin.weight"][0, 1] = float("inf")
+        torch.save(state, tmp_path / "bad.pt")
+
+        def resume():
+            model = self.Tracker()
+            model.load_state_dict(torch.load(tmp_path / "bad.pt"))
+            model.lin(torch.ones(1, 2)).sum().backward()
+
+        result = detect(resume)
+        assert result.stopped and result.detection.root.facts.parameter.name == "lin.weight"
