@@ -41,7 +41,7 @@ from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.nodes import NodeChecks, current_node
-from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, StepLimitReached
+from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, StepLimitReached, speaks_of_nonfinite
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
@@ -279,7 +279,8 @@ class Detector(Observer):
                 if self.records:
                     self.records.forget(out)
                 return
-            carried = self.recorder.passed_on_intended(args, kwargs, out) if self.records and not intended else None
+            # (Also with no records yet: an input may be a sentinel loaded from a checkpoint.)
+            carried = self.recorder.passed_on_intended(args, kwargs, out) if not intended else None
             if carried is not None:
                 self.records.put(out, carried)  # the mask, passed on: no birth
                 return
@@ -355,6 +356,19 @@ class Detector(Observer):
             return made
         mattered = {(s.op, s.location) for s in self.detection.lineage}
         return [d for d in made if (d.op, d.location) not in mattered]
+
+    def raised_over(self, error: BaseException) -> Detection | None:
+        """A script that guards its own loss (`if torch.isnan(loss): raise`, `assert
+        torch.isfinite(loss)`, a framework's "loss is nan" error) dies over a value this run
+        saw made but let pass, since only the check's boolean was read: the latest one made
+        is what it raised over. Only for an error that speaks of NaN/Inf (message or line)."""
+        if self.detection is not None or not speaks_of_nonfinite(error):
+            return None
+        birth = self.recorder.latest_birth()
+        if birth is None:
+            return None
+        self.detection = explain(birth, StopReason.SCRIPT_RAISED, self.recorder.forward_by_node, self.locator)
+        return self.detection
 
     def first_nan(self) -> Detection | None:
         """The first NaN made in the run, explained as if it had stopped it, also when it
@@ -667,3 +681,4 @@ class Detector(Observer):
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
                                  needs_replay=needs_replay, flagged_suspects=suspects)
         raise NonFiniteFound(reason.value)
+

@@ -10,6 +10,8 @@ mode: step boundaries only, see watch.py); the session picks one per run mode.
 """
 from __future__ import annotations
 
+import linecache
+import re
 from typing import Any, Callable
 
 from nandoctor.detect.amp import ScalerTracker
@@ -188,6 +190,12 @@ class Observer:
         """Non-finite values that were made and never mattered (a clean run reports them)."""
         return []
 
+    def raised_over(self, error: BaseException) -> Detection | WatchFinding | None:
+        """The script raised `error` over a non-finite value it found itself (`if
+        torch.isnan(loss): raise ...`): what the observer makes of it, as if it had stopped
+        the run there; None when it has nothing or the error is about something else."""
+        return None
+
     def finding(self) -> Detection | WatchFinding | None:
         """What made the observer stop the run (for the run mode to conclude from); None
         when it did not stop it."""
@@ -195,3 +203,19 @@ class Observer:
 
     def history(self) -> History:
         return self.state.history.as_report()
+
+
+_NONFINITE_WORDS = re.compile(r"\b(nan|inf|infinity)\b|non-?finite|not finite|isfinite|isnan|isinf", re.IGNORECASE)
+
+
+def speaks_of_nonfinite(error: BaseException) -> bool:
+    """Does the error's message, or the line that raised it, speak of NaN/Inf?
+    (`RuntimeError: loss is nan`, a bare `assert torch.isfinite(loss)`.)"""
+    if _NONFINITE_WORDS.search(str(error)):
+        return True
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    return bool(_NONFINITE_WORDS.search(linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)))

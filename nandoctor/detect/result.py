@@ -57,6 +57,7 @@ class StopReason(enum.Enum):
     PARAMETER_WRITTEN = "parameter_written"  # an op wrote a non-finite value into a parameter or buffer
     READ_BACK = "read_back"  # the script read a non-finite value (.item(), .tolist(), .numpy(), print)
     AMP_SCALE_COLLAPSE = "amp_scale_collapse"  # a GradScaler skipped a step at a scale of 1 or less
+    SCRIPT_RAISED = "script_raised"  # the script raised over a non-finite value it checked itself
 
 
 @dataclass(frozen=True)

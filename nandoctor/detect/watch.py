@@ -18,7 +18,7 @@ import torch
 
 from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
-from nandoctor.detect.observer import NonFiniteFound, Observer
+from nandoctor.detect.observer import NonFiniteFound, Observer, speaks_of_nonfinite
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.detect.result import WatchFinding
 
@@ -114,6 +114,15 @@ class StepWatcher(Observer):
     def after_optimizer_step(self, optimizer) -> None:
         self._loss = None
         super().after_optimizer_step(optimizer)
+
+    def raised_over(self, error: BaseException) -> WatchFinding | None:
+        """The script raised over a non-finite value it checked itself, between two of
+        watch's boundaries: a finding for the replay under trace to localise (it raises
+        there again, over the value trace saw made)."""
+        if self.watch_finding is not None or not speaks_of_nonfinite(error):
+            return None
+        self.watch_finding = WatchFinding("loss", self.state.step, None, None, None, weights_clean=self._weights_clean())
+        return self.watch_finding
 
     def finish(self) -> None:
         """The script ended with every loss and gradient finite; its weights may still not

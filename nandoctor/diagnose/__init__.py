@@ -31,6 +31,9 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
                            lineage=detection.lineage, reason=words.stop_reason(detection.reason, detection.event),
                            **common)
         report.cause = diagnose(Evidence.of(detection, history, step))
+        if error is not None:  # (the script raised over the value: say what it raised)
+            report.error = {"type": type(error).__name__, "message": str(error)}
+            report.notes.append(words.raised_over(error))
         if detection.flagged_suspects:
             report.notes.append("device flags saw a non-finite value this step in: "
                                 + "; ".join(words.site_brief(s) for s in detection.flagged_suspects))

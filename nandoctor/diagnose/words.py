@@ -43,6 +43,7 @@ _STOP_REASONS = {
     StopReason.GRADIENT_BEFORE_STEP: "a gradient is non-finite before the optimizer step",
     StopReason.PARAMETER_BEFORE_STEP: "a parameter is non-finite before the optimizer step",
     StopReason.READ_BACK: "the script read a non-finite value back (.item(), .tolist(), .numpy() or print)",
+    StopReason.SCRIPT_RAISED: "the script checked this value itself and raised an error over it",
     StopReason.AMP_SCALE_COLLAPSE: "the GradScaler skipped a step at a loss scale of 1 or less: the gradients are non-finite unscaled",
 }
 
@@ -98,3 +99,9 @@ def discarded_notes(discarded: list[Discarded], listed: int = DISCARDED_LISTED) 
 def _discarded_site(d: Discarded) -> str:
     where = f" at {d.location}" if d.location else ""
     return f"{d.op or 'a value entering torch'}{where} ({'NaN' if d.made == 'nan' else 'Inf'}, {times(d.count)})"
+
+
+def raised_over(error: BaseException) -> str:
+    message = str(error).strip()
+    return (f"the script stopped itself: it raised {type(error).__name__}"
+            + (f" ({message})" if message else "") + " over this value.")

@@ -94,6 +94,44 @@ def test_a_script_that_raises_exits_1_with_status_script_error(tmp_path, script)
     assert result.report["status"] == "script_error"
 
 
+GUARDED = """\
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, weights = torch.randn(64, 3), (torch.arange(64) < 32).float()
+for b in range(2):
+    w = weights[b * 32:(b + 1) * 32]
+    loss = (model(x[b * 32:(b + 1) * 32]).squeeze(1) ** 2 * w).sum() / w.sum()
+    GUARD
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("mode", ["trace", "watch"])
+@pytest.mark.parametrize("guard", [
+    'if torch.isnan(loss):\n        raise RuntimeError(f"loss is nan at batch {b}")',
+    "assert torch.isfinite(loss), 'bad loss'",
+])
+def test_a_script_that_raises_over_its_own_nan_check_is_a_finding_at_the_line_that_made_it(tmp_path, script, mode,
+                                                                                            guard):
+    script("train.py", GUARDED.replace("GUARD", guard))  # batch 1 weighs nothing: 0/0
+    result = run_nandoctor(["run", "--mode", mode, "train.py"], tmp_path)
+    report = result.report
+    assert result.code == 3 and report["status"] == "nonfinite"
+    assert report["root"]["location"]["line"] == 9 and report["cause"]["id"] == "div_by_zero"
+    assert report["error"]["type"] in ("RuntimeError", "AssertionError")
+
+
+def test_near_miss_an_error_about_something_else_after_a_nan_stays_the_scripts_error(tmp_path, script):
+    script("train.py", GUARDED.replace("GUARD", 'if b == 1:\n        raise KeyError("vocab.json")'))
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 1 and result.report["status"] == "script_error"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
