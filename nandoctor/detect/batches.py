@@ -61,7 +61,6 @@ class BatchChecks:
                     made_here.facts.batch = made_here.facts.batch or origin
                 self.recorder.records.put(t, record)
 
-
     def _entered_earlier(self, samples: list[torch.Tensor]):
         """The earliest record a bad sample carries from before this batch: the tensor the
         dataset slices entered torch non-finite (from_numpy, torch.tensor) or an op made it."""

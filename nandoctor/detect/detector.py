@@ -681,4 +681,3 @@ class Detector(Observer):
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
                                  needs_replay=needs_replay, flagged_suspects=suspects)
         raise NonFiniteFound(reason.value)
-

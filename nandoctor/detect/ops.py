@@ -177,7 +177,8 @@ def writes_undefined(func, args) -> bool:
     undefined (`torch.logdet` of a matrix whose determinant is negative is
     `where(sign < 0, scalar_tensor(nan), logabsdet)`). Scripts write NaN with `full`,
     `fill_`, `masked_fill` or `torch.tensor`; this NaN is made by the op the line called."""
-    return base_name(func) == "scalar_tensor" and bool(args) and isinstance(args[0], float) and args[0] != args[0]
+    # (Every fill op passes here: the type test first, the name only for a float NaN.)
+    return bool(args) and isinstance(args[0], float) and args[0] != args[0] and base_name(func) == "scalar_tensor"
 
 
 def _written_on_purpose_or_new(record) -> bool:

@@ -19,8 +19,8 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.detect.compiled import compiling
-from nandoctor.detect.result import Location
 from nandoctor.detect.records import storage_key
+from nandoctor.detect.result import Location
 
 def _library_dirs() -> tuple[str, ...]:
     """Where library code lives: torch, nandoctor, the stdlib and every installed package

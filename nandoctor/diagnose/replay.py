@@ -37,9 +37,16 @@ def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
 
 
 def reproduced(mode: str, what: str, step: int) -> str:
-    seen = (f"found non-finite parameters at the end of the run, {steps_done(step)}" if what == "parameters"
-            else f"stopped on a non-finite {what} {steps_done(step)}")
+    seen = f"found {_seen(what, step)}" if what == "parameters" else f"stopped on {_seen(what, step)}"
     return f"{mode} mode {seen}; a seeded replay checking every op found the op above."
+
+
+def _seen(what: str, step: int) -> str:
+    """What watch mode saw non-finite: the loss or gradient of a step, or, once the script
+    ended, the parameters."""
+    if what == "parameters":
+        return f"non-finite parameters at the end of the run, {steps_done(step)}"
+    return f"a non-finite {what} {steps_done(step)}"
 
 
 def watch_stop_reason(finding: WatchFinding) -> str:
@@ -74,9 +81,9 @@ def nonreproducible_flag(root: Site, step: int | None) -> Cause:
 def nonreproducible_watch(finding: WatchFinding, replay_ran_clean: bool) -> Cause:
     """Watch mode saw a non-finite loss or gradient; the replay under trace did not."""
     how = "ran clean" if replay_ran_clean else "ended without a finding"
-    seen = (f"non-finite parameters at the end of the run, {steps_done(finding.step)}" if finding.what == "parameters"
-            else f"a non-finite {finding.what} {steps_done(finding.step)} (loss {fmt(finding.loss)}, "
-                 f"gradient norm {fmt(finding.grad_norm)})")
+    seen = _seen(finding.what, finding.step)
+    if finding.what != "parameters":
+        seen += f" (loss {fmt(finding.loss)}, gradient norm {fmt(finding.grad_norm)})"
     return _nonreproducible(
         f"Watch mode saw {seen}, but re-running the script from the start, with the same random "
         f"seeds, under the per-op detector {how} up to that step.")

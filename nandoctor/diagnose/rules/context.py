@@ -85,13 +85,12 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
     )
 
 
-def _safe_before(op: str | None) -> str:
-    """The double-`where` written for the op that made the Inf."""
-    name = (op or "").split(".")[1] if (op or "").count(".") >= 2 else (op or "")
+def _safe_before(name: str) -> str:
+    """The double-`where` written for the op that made the Inf (its base name, `ev.op`)."""
     if name.startswith("log"):
         return ("`torch.log(torch.where(valid, p, 1.0))` instead of `torch.log(p)`, where `p` is 0 at the dropped "
                 "positions (`p * log(p)` is then 0 there, with a zero gradient).")
-    if name in ("div", "div_", "reciprocal", "true_divide"):
+    if name in ("div", "reciprocal", "true_divide"):
         return ("`safe = torch.where(mask, target, torch.ones_like(target)); rel = torch.where(mask, (pred - target) / "
                 "safe, 0)`, or select first and divide after: `(pred[mask] - target[mask]) / target[mask]`.")
     return ("replace the non-finite values by any finite one where they will be dropped (`x = torch.where(valid, x, "

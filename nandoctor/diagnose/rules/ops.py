@@ -59,11 +59,11 @@ def log_nonpositive(ev: Evidence) -> Cause | None:
         "log_nonpositive",
         f"{ev.op} of a non-positive value",
         f"At {ev.where} ({ev.code}) {'; '.join(parts)}.{underflow}{rounded}",
-        ("Compute it in log space (`F.logsigmoid(x)` / `F.logsigmoid(-x)` for log(p) / log(1 - p), "
-         "`F.binary_cross_entropy_with_logits`), or in float32 outside autocast; or k" if rounded else "K")
-        + "eep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), "
-        "parametrise positive quantities as `softplus(raw)` or `exp(log_param)`, "
-        "and use `F.log_softmax` / `F.cross_entropy` on logits instead of log(softmax).",
+        _first(("Compute it in log space (`F.logsigmoid(x)` / `F.logsigmoid(-x)` for log(p) / log(1 - p), "
+                "`F.binary_cross_entropy_with_logits`), or in float32 outside autocast; or") if rounded else None,
+               "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), "
+               "parametrise positive quantities as `softplus(raw)` or `exp(log_param)`, "
+               "and use `F.log_softmax` / `F.cross_entropy` on logits instead of log(softmax)."),
     )
 
 
@@ -74,6 +74,11 @@ def _rounded_to_zero(dtype: str) -> str:
         return ""
     return (f" The values are {dtype}: a probability near 1 rounds to exactly 1 (and a tiny one to 0), "
             "so `1 - p` or `p` is 0 where float32 would have kept a small positive number.")
+
+
+def _first(before: str | None, fix: str) -> str:
+    """`fix`, with a more pressing advice put before it (the fix then goes on in lower case)."""
+    return f"{before} {fix[0].lower()}{fix[1:]}" if before else fix
 
 
 def _out(ev: Evidence) -> str:
@@ -197,10 +202,11 @@ def exp_overflow(ev: Evidence) -> Cause | None:
         f"At {ev.where} ({ev.code}) the largest input to {ev.op} is {fmt(x.max)}; exp of anything above {limit} "
         f"is Inf in {ev.dtype} ({_out(ev)}). Later arithmetic on the Inf (inf/inf, 0*inf in backward) makes NaN."
         + blew_up,
-        ("Lower the learning rate (10-100x) and clip gradients (`clip_grad_norm_(params, 1.0)`); also, s" if blew_up
-         else "S") + "ubtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` do it for you), "
-        "keep the computation in log space (`c * torch.exp(-a)` as `torch.exp(torch.log(c) - a)`), "
-        "or clamp the exponent: `torch.exp(x.clamp(max=80))`.",
+        _first("Lower the learning rate (10-100x) and clip gradients (`clip_grad_norm_(params, 1.0)`); also," if blew_up
+               else None,
+               "Subtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` do it "
+               "for you), keep the computation in log space (`c * torch.exp(-a)` as `torch.exp(torch.log(c) - a)`), "
+               "or clamp the exponent: `torch.exp(x.clamp(max=80))`."),
     )
 
 
