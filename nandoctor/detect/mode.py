@@ -107,7 +107,7 @@ class CheckingMode(TorchDispatchMode):
         if kind is OpKind.NOT_TENSOR_MATH:
             return func(*args, **kwargs)
         if kind is OpKind.CAST:
-            kind = OpKind.FINITE_PRESERVING if cast_widens(args, kwargs) else OpKind.CHECKED
+            kind = OpKind.PASSTHROUGH if cast_widens(args, kwargs) else OpKind.CHECKED
         if kind is OpKind.FINITE_PRESERVING:
             # Its output can only be non-finite when an input is: checked when one holds a
             # recorded non-finite value (a -inf mask into softmax), else not at all.

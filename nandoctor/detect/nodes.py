@@ -41,7 +41,24 @@ _UNCHECKED_NODES = frozenset({
     "SqueezeBackward2", "StackBackward0", "TBackward0", "TransposeBackward0", "TransposeBackward1",
     "UnbindBackward0", "UnflattenBackward0", "UnsafeSplitBackward0", "UnsafeViewBackward0",
     "UnsqueezeBackward0", "ViewBackward0",
+    # ...or selects it: a gradient where the input was positive, else zero.
+    "ReluBackward0", "ThresholdBackward0",
 })
+
+_RANGE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}  # each holds the one before
+
+
+def _widening_cast(node, name: str) -> bool:
+    """A cast's backward casts the gradient back to the input's dtype: from bfloat16 to
+    float32 (autocast's casts of the weights), it cannot overflow. The other way it can."""
+    if name != "ToCopyBackward0":
+        return False
+    target = node.next_functions[0][0]
+    if target is None:
+        return True  # (no gradient to make)
+    came = _RANGE.get(node._input_metadata[0].dtype)
+    goes = _RANGE.get(target._input_metadata[node.next_functions[0][1]].dtype)
+    return came is not None and goes is not None and came <= goes
 
 
 _ACCUMULATE = "AccumulateGrad"
@@ -81,27 +98,37 @@ class NodeChecks:
             self._graphs.pop()
 
     def arm(self) -> None:
-        """Hook every node of the innermost backward's graph that is not hooked yet, but the
-        leaves' accumulators: they only matter once this backward has made a non-finite
-        value (rare), and are hooked then (`arm_leaves`), before the engine reaches them."""
+        """Hook every node of the innermost backward's graph that can make a non-finite
+        gradient and is not hooked yet. Not the leaves' accumulators: they only matter once
+        this backward has made a non-finite value (rare), and are hooked then
+        (`arm_leaves`), before the engine reaches them.
+
+        Registering a hook is most of this walk's cost (3-7 µs a node against about 1 µs to
+        visit one, timed on this machine), so a node that only moves or selects a gradient
+        gets none, and no mark either: the walk holds what it has visited instead."""
         stack = _grad_fns(self._graphs[-1])
         finished, starts, ends = self._node_finished, self._python_node_starts, self._python_node_ends
+        visited: dict[int, object] = {}  # (holding each node: a freed node's id can come back)
         while stack:
             node = stack.pop()
-            if node is None:
+            if node is None or id(node) in visited:
                 continue
+            visited[id(node)] = node
             kind = type(node)
-            if kind.__name__ == _ACCUMULATE:
+            name = kind.__name__
+            if name == _ACCUMULATE:
                 continue  # (a leaf: nothing behind it)
-            metadata = node.metadata
-            if metadata.get(_ARMED) is self:
-                continue
-            metadata[_ARMED] = self  # (a graph kept across backwards is armed once)
-            if issubclass(kind, BackwardCFunction):
-                node.register_prehook(starts)
-                node.register_hook(ends)
-            elif kind.__name__ not in _UNCHECKED_NODES:
-                node.register_hook(finished)
+            python = issubclass(kind, BackwardCFunction)
+            if python or name not in _UNCHECKED_NODES and not _widening_cast(node, name):
+                metadata = node.metadata
+                if metadata.get(_ARMED) is self:
+                    continue  # armed by an earlier backward of a kept graph, and all behind it
+                metadata[_ARMED] = self
+                if python:
+                    node.register_prehook(starts)
+                    node.register_hook(ends)
+                else:
+                    node.register_hook(finished)
             stack.extend(fn for fn, _ in node.next_functions)
 
     def arm_leaves(self) -> None:

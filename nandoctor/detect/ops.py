@@ -14,8 +14,10 @@ The hot path costs one dict lookup per op to learn the op's kind:
 - FINITE_PRESERVING: ops whose output is finite whenever their inputs are (bounded maps such
   as tanh and softmax, maps that never grow a value such as neg and gelu): checked only
   when an input holds a recorded non-finite value, since only then can their output be
-  non-finite. CAST (`_to_copy`) is one of them when it widens (bfloat16 -> float32), and
-  checked when it narrows (float32 -> float16 overflows past 65504).
+  non-finite.
+- CAST (`_to_copy`): a PASSTHROUGH when it widens (bfloat16 -> float32: the same values,
+  so a non-finite one carries its record, as backward checked node by node leaves the
+  cast's node unhooked), checked when it narrows (float32 -> float16 overflows past 65504).
 - NOT_TENSOR_MATH: the profiler's marks (`record_function`, around every optimizer.step()
   and zero_grad()): they make no tensor, so they are run and nothing else.
 - CHECKED: everything else that returns floating-point tensors; CHECKED_INPLACE for the
@@ -40,7 +42,7 @@ class OpKind(enum.Enum):
     READ = "read"  # a value copied to Python (`.item()`, `float(t)`): the script reads it back
     ENTRY = "entry"  # a tensor made from Python data (`torch.tensor([...])`): values enter torch
     FINITE_PRESERVING = "finite_preserving"  # finite inputs give a finite output
-    CAST = "cast"  # finite-preserving when it widens the dtype's range, else checked
+    CAST = "cast"  # a passthrough when it widens the dtype's range, else checked
     UNCHECKED = "unchecked"  # a finite-preserving op whose inputs hold no recorded value: nothing to do
     NOT_TENSOR_MATH = "not_tensor_math"  # a profiler mark (optimizer.step, zero_grad): run, nothing else
 

@@ -125,11 +125,17 @@ def _atan2_at_the_origin():
     x = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
     torch.atan2(x * 0, x * 0 + 1).sum().backward()
 
+def _a_cast_to_float16_that_overflows_in_backward():
+    # x.float(): its backward casts the float32 gradient back to float16, past 65504.
+    x = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    (x.float() * 1e5).sum().backward()
+
 
 BROKEN = [_sqrt_at_zero, _masked_division, _summed_by_the_engine, _accumulated_into_an_existing_grad,
           _a_linear_model_with_a_log_in_the_loss, _a_custom_function, _a_tensor_hook, _retained_graph_twice,
           _a_custom_function_into_an_existing_grad, _a_parameter_hook_into_an_existing_grad,
-          _checkpointed(use_reentrant=True), _a_gradient_scaler_in_float16]
+          _checkpointed(use_reentrant=True), _a_gradient_scaler_in_float16,
+          _a_cast_to_float16_that_overflows_in_backward]
 HEALTHY = [_an_infinite_gradient_masked_by_a_clamp, _atan2_at_the_origin]
 
 
@@ -166,6 +172,33 @@ def test_a_node_that_cannot_run_again_is_named_and_left_to_the_replay():
 def test_values_masked_inside_backward_stop_neither(scenario):
     assert not detect(scenario).stopped
     assert not detect(scenario, backward_by_node=False).stopped
+
+
+def test_only_nodes_that_can_make_a_non_finite_gradient_are_hooked():
+    # A hook costs 3-7 µs to register each step: nodes that only move, select or widen a
+    # gradient get none (ReLU's backward keeps or zeroes it; a cast up from bfloat16 cannot
+    # overflow on its way back). A cast down to float16 and a matmul can, and are hooked.
+    w = torch.nn.Parameter(torch.ones(4, 4))
+    h = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.relu(torch.ones(2, 4) @ w)
+    loss = (y.float() + h.float()).sum()
+    hooked = {}
+
+    def look():
+        stack = [loss.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is not None:
+                hooked.setdefault(node.name(), []).append("nandoctor.armed" in node.metadata)
+                stack.extend(fn for fn, _ in node.next_functions)
+
+    detect(lambda: (loss.backward(retain_graph=True), look()))
+    assert hooked["ReluBackward0"] == [False]
+    assert hooked["MmBackward0"] == [True]
+    # Back up to float32 for w (autocast's cast of the weight); back down to bfloat16 for y
+    # and to float16 for h, which can round past the narrower type's largest value.
+    assert sorted(hooked["ToCopyBackward0"]) == [False, True, True]
 
 
 def _count_backward_ops(monkeypatch) -> list:
