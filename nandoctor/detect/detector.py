@@ -40,7 +40,7 @@ from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
-from nandoctor.detect.nodes import NodeChecks, current_node
+from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
 from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, StepLimitReached, speaks_of_nonfinite
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
@@ -56,7 +56,6 @@ _pop_mode = torch._C._pop_torch_dispatch_stack
 _push_mode = torch._C._push_on_torch_dispatch_stack
 
 # Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
-_COMPILED_BACKWARD = "CompiledFunctionBackward"  # AOTAutograd's node: a compiled graph's backward
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
                       StopReason.GRADIENT_RETURNED, StopReason.READ_BACK)
 
@@ -666,7 +665,7 @@ class Detector(Observer):
         # A compiled backward runs with the mode on, but most of its work in fused kernels the
         # mode never sees: an op it sees with a non-finite input no record names did not
         # make that value, an unseen kernel before it did.
-        in_compiled_backward = born.backward_node == _COMPILED_BACKWARD and born.facts.untracked_input
+        in_compiled_backward = born.backward_node == COMPILED_BACKWARD and born.facts.untracked_input
         if self._last_compiled is not None and not came_in and born.facts.device_flag is None and \
                 (not born.op and reason in _UNSEEN_OP_REASONS or in_compiled_backward):
             # No op nandoctor saw made it, and compiled code ran: a compiled forward or its
@@ -677,6 +676,11 @@ class Detector(Observer):
             needs_replay = True
         if born.phase == "backward" and born.backward_node is not None and not born.op:
             needs_replay = True  # a node that could not run again op by op (see node_went_nonfinite)
+        if reason is StopReason.GRADIENT_BEFORE_STEP and born.phase == "backward" and not born.op:
+            # A gradient no op nandoctor saw made: what a node left to the step's check made
+            # (see nodes.py, `_LEFT_TO_THE_STEP`), or summed out of sight. The replay checks
+            # backward op by op.
+            needs_replay = True
         self.passive = True
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
                                  needs_replay=needs_replay, flagged_suspects=suspects)

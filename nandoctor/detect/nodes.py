@@ -13,12 +13,16 @@ node's real outputs.
 
 Python code that runs inside backward is still traced op by op: a custom
 `autograd.Function` (and what is built on one: a module's backward hooks, reentrant
-checkpointing, torch.compile's backward) runs with the mode on between the pre-hook and
-post-hook it gets here, and a tensor's `register_hook` function with the mode on (see
-hooks.py). Backward passes that build a graph (`create_graph=True`), those inside
+checkpointing) runs with the mode on between the pre-hook and post-hook it gets here, and
+a tensor's `register_hook` function with the mode on (see hooks.py). torch.compile's
+backward is an autograd.Function too, but runs no Python of the user's: most of it is fused
+kernels no mode sees, so it is checked as one node, and a non-finite value it makes is
+found by the replay, which runs the compiled code eagerly (see compiled.py). Backward passes that build a graph (`create_graph=True`), those inside
 torch.func transforms, `autograd.grad` and non-CPU ones stay per-op throughout.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch.autograd.function import BackwardCFunction
@@ -27,6 +31,7 @@ from nandoctor.detect.mode import _finite
 
 current_node = torch._C._current_autograd_node
 
+COMPILED_BACKWARD = "CompiledFunctionBackward"  # AOTAutograd's node: a compiled graph's backward
 _ARMED = "nandoctor.armed"  # a node's metadata key: its hooks are in place (graphs kept across backwards)
 
 # Nodes whose gradient is the one they received, moved (a view, a transpose, a copy, a
@@ -44,6 +49,38 @@ _UNCHECKED_NODES = frozenset({
     # ...or selects it: a gradient where the input was positive, else zero.
     "ReluBackward0", "ThresholdBackward0",
 })
+
+# Nodes whose backward is sums of products (matrix products, convolutions, the affine
+# parts of normalisations, an embedding's scatter of rows): from finite values they can
+# only make a non-finite gradient by overflowing. What such a node hands a leaf's
+# accumulator becomes the parameter's .grad, which the step's own check reads anyway (one
+# norm over the gradients before any update), so with an optimizer in the run those outputs
+# are left to it: one read of every weight's gradient less each step. Should one overflow,
+# the step stops on it and the seeded replay, which checks backward op by op, names the op.
+_LEFT_TO_THE_STEP = frozenset({
+    "AddmmBackward0", "MmBackward0", "BmmBackward0", "ConvolutionBackward0", "EmbeddingBackward0",
+    "NativeLayerNormBackward0", "NativeBatchNormBackward0", "AddBackward0",
+    COMPILED_BACKWARD,  # (the replay runs it eagerly to find the op)
+})
+
+# Nodes that hand on the one gradient they receive as it is, only reshaped (a Linear's
+# weight reaches its accumulator through the transpose's node).
+_RESHAPES = frozenset({"TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0",
+                       "ReshapeAliasBackward0", "UnsafeViewBackward0", "AliasBackward0",
+                       "SqueezeBackward0", "SqueezeBackward1", "UnsqueezeBackward0"})
+
+
+def _reaches_a_leaf(node) -> bool:
+    """Does a gradient handed to `node` become a leaf's .grad, with the same values?"""
+    while node is not None:
+        name = type(node).__name__
+        if name == _ACCUMULATE:
+            return True
+        if name not in _RESHAPES:
+            return False
+        node = node.next_functions[0][0]
+    return False
+
 
 _RANGE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}  # each holds the one before
 
@@ -107,7 +144,8 @@ class NodeChecks:
         visit one, timed on this machine), so a node that only moves or selects a gradient
         gets none, and no mark either: the walk holds what it has visited instead."""
         stack = _grad_fns(self._graphs[-1])
-        finished, starts, ends = self._node_finished, self._python_node_starts, self._python_node_ends
+        starts, ends = self._python_node_starts, self._python_node_ends
+        leaves_at_step = self.detector.state.optimizer_seen  # (else no step reads the .grad)
         visited: dict[int, object] = {}  # (holding each node: a freed node's id can come back)
         while stack:
             node = stack.pop()
@@ -118,7 +156,8 @@ class NodeChecks:
             name = kind.__name__
             if name == _ACCUMULATE:
                 continue  # (a leaf: nothing behind it)
-            python = issubclass(kind, BackwardCFunction)
+            python = issubclass(kind, BackwardCFunction) and name != COMPILED_BACKWARD
+            edges = node.next_functions
             if python or name not in _UNCHECKED_NODES and not _widening_cast(node, name):
                 metadata = node.metadata
                 if metadata.get(_ARMED) is self:
@@ -128,8 +167,17 @@ class NodeChecks:
                     node.register_prehook(starts)
                     node.register_hook(ends)
                 else:
-                    node.register_hook(finished)
-            stack.extend(fn for fn, _ in node.next_functions)
+                    node.register_hook(self._check_of(name, edges, leaves_at_step))
+            stack.extend(fn for fn, _ in edges)
+
+    def _check_of(self, name: str, edges, leaves_at_step: bool):
+        """The post-hook that checks a node's outputs: all of them, or all but those the
+        step will read as .grad (see `_LEFT_TO_THE_STEP`)."""
+        if leaves_at_step and name in _LEFT_TO_THE_STEP:
+            to_leaves = [i for i, (fn, _) in enumerate(edges) if _reaches_a_leaf(fn)]
+            if to_leaves:
+                return functools.partial(self._node_finished, frozenset(to_leaves))
+        return self._node_finished_all
 
     def arm_leaves(self) -> None:
         """A non-finite value was just made in the innermost backward: hook its leaves'
@@ -154,15 +202,18 @@ class NodeChecks:
                 metadata[_ARMED] = self
                 self._lasting.append((metadata, node.register_hook(self._leaf_accumulated)))
 
-    def _node_finished(self, grad_inputs, grad_outputs):
+    def _node_finished(self, left_to_the_step, grad_inputs, grad_outputs):
         detector = self.detector
         if detector.passive or not detector.mode_suspended:
             return None  # the per-op mode is on (a per-op backward): it checked each op itself
-        for g in grad_inputs:
-            if g is not None and not _finite(g):
+        for index, g in enumerate(grad_inputs):
+            if g is not None and index not in left_to_the_step and not _finite(g):
                 detector.node_went_nonfinite(grad_inputs, grad_outputs)
                 break
         return None
+
+    def _node_finished_all(self, grad_inputs, grad_outputs):
+        return self._node_finished((), grad_inputs, grad_outputs)
 
     def _leaf_accumulated(self, grad_inputs, grad_outputs):
         """A leaf's .grad took its gradient. Once this backward has made a non-finite value

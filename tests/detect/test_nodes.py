@@ -201,6 +201,40 @@ def test_only_nodes_that_can_make_a_non_finite_gradient_are_hooked():
     assert sorted(hooked["ToCopyBackward0"]) == [False, True, True]
 
 
+def _a_float16_weight_gradient_that_overflows():
+    # Forward stays in range; the first layer's weight gradient, a sum over 1024 rows of
+    # 200 x 400, passes float16's 65504 in the matmul that hands it to the accumulator.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).half()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    opt.zero_grad()
+    model(torch.full((1024, 4), 200.0, dtype=torch.float16)).float().sum().backward()
+    opt.step()
+
+
+def test_what_a_matmul_hands_a_weights_grad_is_left_to_the_step_and_its_replay():
+    # With an optimizer in the run, the step reads every .grad before any update: checking
+    # a weight's gradient where the matmul made it too would read it twice each step. An
+    # overflow there stops the step instead, and the replay (op by op) names the matmul.
+    by_node = detect(_a_float16_weight_gradient_that_overflows)
+    by_op = detect(_a_float16_weight_gradient_that_overflows, backward_by_node=False)
+    assert by_node.stopped and by_node.detection.needs_replay
+    assert by_node.detection.reason.name == "GRADIENT_BEFORE_STEP"
+    assert (by_op.detection.root.op, by_op.detection.root.backward_node) == ("aten.mm.default", "AddmmBackward0")
+
+
+def test_without_an_optimizer_what_a_matmul_hands_a_leaf_is_checked_at_once():
+    # No step will read the .grad (a hand-written update, autograd for its own sake): the
+    # node checks all it makes, and the op is named without a replay.
+    def no_optimizer():
+        w = torch.nn.Parameter(torch.full((1, 4), 1.0, dtype=torch.float16))
+        (torch.full((1024, 4), 200.0, dtype=torch.float16) @ w.t()).float().sum().backward()
+
+    detected = detect(no_optimizer)
+    assert detected.stopped and not detected.detection.needs_replay
+    assert detected.detection.root.backward_node == "MmBackward0"
+
+
 def _count_backward_ops(monkeypatch) -> list:
     """The ops autograd runs that reach the per-op mode from now on."""
     return ops_through_the_mode(monkeypatch, backward_only=True)
