@@ -313,6 +313,10 @@ class Detector(Observer):
     def carry(self, args, out) -> None:
         self.recorder.carry(args, out)
 
+    def absorbed(self, args) -> None:
+        with self.internal():
+            self.recorder.absorbed(args)
+
     def filled(self, args, out: torch.Tensor) -> None:
         """A fill, `where` or clamp touched a tensor with a record (rare): its output carries
         the record while it is still non-finite; values it dropped were masked away."""

@@ -46,10 +46,14 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
         elif forward is not None:
             # Its forward op took an Inf made earlier in forward that a mask dropped after
             # (`where(valid, -p * torch.log(p), 0)`: log(0) into a product): backward still
-            # multiplies by it, so the leak's root is where that Inf was made.
+            # multiplies by it, so the leak's root is where that Inf was made. That is the
+            # forward op itself when it made a NaN of a -inf written on purpose and the
+            # NaN was dropped (`where(legal, p * log_softmax(masked), 0)`: 0 * -inf).
+            # (Or an op made finite values of it: exp(w * log(0)) is exp(-inf) = 0.)
             made = _path_to_earliest(forward, lambda child, parent: not parent.intended)
-            if len(made) > 1 and made[-1].facts.masked and made[-1].phase != "backward":
-                made[-1].facts.gradient_leak_through = root.backward_node
+            born = made[-1]
+            if (born.facts.masked or born.facts.absorbed) and born.phase != "backward":
+                born.facts.gradient_leak_through = root.backward_node
                 chain.extend(made)
     elif root.phase != "backward" and root.facts.masked:
         # Made in forward, dropped there (so the loss stayed finite), yet backward ran

@@ -269,6 +269,17 @@ class Recorder:
             if isinstance(item, torch.Tensor):
                 self.records.put(item, source)
 
+    def absorbed(self, args) -> None:
+        """An op took recorded non-finite values and made only finite ones (`exp(-inf)` is
+        0, `x / inf` is 0): the forward went on finite, but backward still multiplies by
+        the Inf (`exp(w * log(0))`'s gradient for w is 0 * -inf). Said on the births the
+        values came from, for the gradient-leak diagnosis (see lineage.py). An input the
+        record only covers in part (a finite slice of it) absorbed nothing."""
+        for t in tensors_of(args):
+            record = self.records.get(t)
+            if record is not None and not record.intended and not all_finite(t):
+                _mark_births(record, "absorbed")
+
     def filled(self, args, out: torch.Tensor) -> None:
         """A fill, `where`, clamp or maximum touched recorded values: a non-finite output
         carries the record on (a made value before one written on purpose: `maximum` of a
@@ -279,13 +290,16 @@ class Recorder:
             return
         whole = out._base if out._base is not None else out  # a fill of x[0] leaves the rest of x
         if whole.is_floating_point() and not whole.is_meta and not bool(torch.isfinite(whole).all()):
-            self.records.put(out, (sources or recorded)[0])
+            candidates = sources or recorded
+            if not bool(torch.isnan(whole).any()):  # what it kept is an Inf: not a NaN it dropped
+                candidates = [r for r in candidates if not _nan_only(r)] or candidates
+            self.records.put(out, candidates[0])
             return
         if not sources:
             return
         self.records.forget(out)  # (an in-place fill overwrote every bad value)
         for source in sources:
-            _mark_masked(source)
+            _mark_births(source, "masked")
 
     def parameter_ref(self, p: torch.Tensor, optimizer=None) -> ParameterRef:
         """`p` by name when known, else by its place in `optimizer.param_groups`."""
@@ -310,9 +324,17 @@ class Recorder:
         self.records.prune()
 
 
-def _mark_masked(record: Record) -> None:
-    """The values of `record` were dropped (`where`, `masked_fill`, an index_put of 0): say
-    so on the births they came from, for the gradient-leak diagnosis."""
+def _nan_only(record: Record) -> bool:
+    """Did the record's op make NaN and no Inf? (`torch.logdet` builds a NaN for a negative
+    determinant and a `where` keeps slogdet's -inf instead, for a zero one.)"""
+    out = record.output
+    return out is not None and out.nan > 0 and not out.posinf and not out.neginf
+
+
+def _mark_births(record: Record, fact: str) -> None:
+    """The values of `record` were dropped (`masked`: by a `where`, `masked_fill`, an
+    index_put of 0) or made finite (`absorbed`): say so on the births they came from, for
+    the gradient-leak diagnosis."""
     stack, seen = [record], set()
     while stack and len(seen) < 256:
         r = stack.pop()
@@ -321,7 +343,7 @@ def _mark_masked(record: Record) -> None:
         seen.add(id(r))
         parents = [p for p in r.parents if not p.intended]
         if not parents:
-            r.facts.masked = True
+            setattr(r.facts, fact, True)
         stack.extend(parents)
 
 

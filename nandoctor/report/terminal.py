@@ -153,10 +153,14 @@ def _nonfinite(report: RunReport, context_lines: int, width: int = 120) -> Panel
 
 
 def _headline(event: Site, root: Site, width: int) -> str:
-    """`nandoctor: NaN in forward at …/deep/train.py:42`, in at most `width` characters
+    """`nandoctor: NaN in forward at …/deep/train.py:42` (what the run stopped on, where
+    its root was made; `NaN from an Inf in forward` when the root made the other kind), in
+    at most `width` characters
     when it can be: the path is shortened from the left and, on a very narrow console, the
     words before it go, but the file name and line number stay."""
     kind = _kind(event)
+    if root.made and event.made and root.made != event.made:  # (a log's -inf that became a NaN gradient)
+        kind = f"{kind} from {'an Inf' if root.made == 'inf' else 'a NaN'}"
     heads = [f"nandoctor: {kind} in {root.phase}", f"nandoctor: {kind}", kind]
     if root.location is None:
         return heads[0]

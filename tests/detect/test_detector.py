@@ -209,6 +209,54 @@ class TestBackward:
         assert d.root.location.line == line_of("MARK-div")
         assert d.root.facts.gradient_leak_through == "DivBackward0"
 
+    def test_an_inf_that_exp_maps_to_zero_is_a_masked_leak_from_where_it_was_made(self):
+        # exp(w * log r) with r = 0: exp(-inf) = 0 keeps the forward finite, as a `where`
+        # would; backward's 0 * -inf is NaN. The root is the log, not the product's backward.
+        ratings = torch.tensor([[2.0, 0.0, 3.0]])
+        w = torch.nn.Parameter(torch.full((1, 3), 1 / 3))
+
+        def train():
+            log_r = torch.log(ratings)  # MARK-absorbed-log
+            torch.exp((w * log_r).sum(-1)).sum().backward()
+
+        d = detect(train).detection
+        assert d.root.op == "aten.log.default" and d.root.location.line == line_of("MARK-absorbed-log")
+        assert d.root.facts.gradient_leak_through == "MulBackward0"
+
+    def test_an_inf_that_exp_maps_to_zero_with_nothing_behind_it_stops_nothing(self):
+        # The healthy twin: log-space weights with a -inf for an excluded item, no gradient
+        # through the product with the Inf (the weights are constants).
+        logits = torch.nn.Parameter(torch.zeros(3))
+        log_prior = torch.log(torch.tensor([0.5, 0.0, 0.5]))
+        assert not detect(lambda: (torch.exp(log_prior) * logits).sum().backward()).stopped
+
+    def test_a_nan_made_from_a_mask_and_dropped_by_where_is_a_leak_at_its_product(self):
+        # A policy's entropy over legal moves: p * log_softmax(masked) is 0 * -inf = NaN at
+        # illegal moves, dropped by the where; backward's 0 * -inf is NaN all the same.
+        legal = torch.tensor([[True, False, True]])
+        w = torch.nn.Parameter(torch.zeros(1, 3))
+
+        def train():
+            logp = torch.log_softmax(w.masked_fill(~legal, float("-inf")), -1)
+            entropy = -torch.where(legal, logp.exp() * logp, torch.zeros(1, 3)).sum()  # MARK-legal-entropy
+            entropy.backward()
+
+        d = detect(train).detection
+        assert d.root.op == "aten.mul.Tensor" and d.root.phase == "forward"
+        assert d.root.location.line == line_of("MARK-legal-entropy")
+        assert d.root.facts.gradient_leak_through == "MulBackward0"
+
+    def test_near_miss_the_entropy_with_the_mask_replaced_before_the_product_is_clean(self):
+        legal = torch.tensor([[True, False, True]])
+        w = torch.nn.Parameter(torch.zeros(1, 3))
+
+        def train():
+            logp = torch.log_softmax(w.masked_fill(~legal, float("-inf")), -1)
+            safe = torch.where(legal, logp, torch.zeros(1, 3))
+            (-(safe.exp() * safe).sum()).backward()
+
+        assert not detect(train).stopped
+
     def test_a_gradient_made_non_finite_stops_before_the_optimizer_step(self):
         w = torch.nn.Parameter(torch.tensor([1.0]))
         opt = torch.optim.SGD([w], lr=0.1)

@@ -9,6 +9,9 @@ import torch
 
 from helpers import ATAN2_NAN_AT_ORIGIN, ATAN2_REASON, detect, run_nandoctor
 from nandoctor.detect import mode as checking_mode
+# Imported before any test patches the mode's `_finite` (no_host_reads): the detector's
+# parts (regions, node checks) bind it at import, and must bind the real one.
+import nandoctor.detect.detector  # noqa: F401,E402
 from nandoctor.detect.device_flags import DeviceFlags, FlaggedOp
 from nandoctor.config import load_config
 from nandoctor.errors import ConfigError

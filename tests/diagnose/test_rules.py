@@ -71,6 +71,13 @@ class TestLogNonpositive:
         assert cause.id == "log_nonpositive" and "bfloat16" in cause.explanation
         assert "logsigmoid" in cause.fix
 
+    def test_xlogy_speaks_of_the_values_under_its_log_not_of_the_factor(self):
+        # Beta.log_prob runs xlogy(a - 1, x): the log is of x (a CTR of exactly 0), and
+        # a - 1, negative here, only multiplies it.
+        cause = cause_of(lambda: torch.xlogy(torch.tensor([-0.5, -0.4]), torch.tensor([0.0, 0.3])))
+        assert cause.id == "log_nonpositive"
+        assert "1 of 2 inputs are 0" in cause.explanation and "negative" not in cause.explanation
+
     def test_near_miss_a_float32_log_of_zero_says_nothing_of_rounding(self):
         cause = cause_of(lambda: torch.log(1 - torch.tensor([0.5, 1.0])))
         assert "rounds" not in cause.explanation and "logsigmoid" not in cause.fix
@@ -387,6 +394,15 @@ class TestContext:
         a = torch.nn.Parameter(torch.diag(torch.tensor([1.0, -2.0, 3.0])))
         cause = cause_of(lambda: torch.logdet(a).backward())
         assert cause.id == "log_nonpositive" and "slogdet" in cause.fix
+
+    def test_logdet_of_a_singular_matrix_is_rooted_at_slogdet_not_at_the_nan_torch_drops(self):
+        # logdet builds a NaN for negative determinants on every call and a `where` keeps
+        # slogdet's -inf for this one, whose determinant is 0 (a repeated row).
+        v = torch.nn.Parameter(torch.tensor([[1.0, 2.0], [1.0, 2.0], [0.5, 0.1]]))
+        result = detect(reading(lambda: torch.logdet(v @ v.T)))
+        assert result.detection.root.op == "aten._linalg_slogdet.default"
+        cause = cause_of(lambda: torch.logdet(v @ v.T))
+        assert cause.id == "log_nonpositive" and "singular" in cause.title
 
     def test_near_miss_logdet_of_a_positive_definite_matrix_is_clean(self):
         a = torch.nn.Parameter(torch.diag(torch.tensor([1.0, 2.0, 3.0])))

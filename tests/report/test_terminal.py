@@ -42,7 +42,8 @@ def nonfinite_report(tmp_path) -> RunReport:
 
 def test_a_nonfinite_report_shows_cause_fix_root_source_inputs_and_lineage(tmp_path):
     text = rendered(nonfinite_report(tmp_path), no_color=True)
-    assert "NaN in forward at" in text and "after 7 optimizer steps" in text
+    # The run stopped on a NaN; its root, log(0), made an Inf.
+    assert "NaN from an Inf in forward at" in text and "after 7 optimizer steps" in text
     assert "log of a non-positive value" in text and "(log_nonpositive)" in text
     assert "Fix: Use F.log_softmax." in text
     assert "Root: aten.log.default" in text and "module head" in text

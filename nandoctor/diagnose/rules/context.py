@@ -78,7 +78,8 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         "masked_inf_gradient_leak",
         "a masked Inf leaks NaN into the gradient",
         f"At {ev.where} ({ev.code}) `{ev.op}` makes {count_of(infs, out)} non-finite values in forward. "
-        "They are dropped afterwards (by indexing, `where` or a mask), so the loss is finite, but backward still "
+        "They are dropped afterwards (by indexing, `where`, a mask, or an op that maps them to finite values, as "
+        "exp(-inf) = 0), so the loss is finite, but backward still "
         f"runs through every position: `{node}` computes 0 * Inf = NaN for the dropped ones, and the NaN reaches "
         "the gradients (pytorch issue 4132).",
         "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): " + _safe_before(ev.op),

@@ -21,7 +21,8 @@ def _producer(ev: Evidence, name: str) -> str | None:
 @op_rule("log", "log2", "log10", "log1p", "xlogy",
          nodes=("LogBackward", "Log2Backward", "Log10Backward", "Log1PBackward", "XlogyBackward"))
 def log_nonpositive(ev: Evidence) -> Cause | None:
-    x = ev.input("self", "x", "input") or ev.first_input()
+    # xlogy(x, y) = x * log(y): the log's argument is `other`, `self` only multiplies it.
+    x = (ev.input("other") if ev.op == "xlogy" else None) or ev.input("self", "x", "input") or ev.first_input()
     lower = -1.0 if ev.op == "log1p" else 0.0
     if ev.node:  # the derivative 1/x blew up: x was 0 or so tiny that 1/x overflows
         # The backward op is grad / x: its `other` is log's own input.
@@ -168,6 +169,24 @@ def zero_variance(ev: Evidence) -> Cause:
         f"(constant inputs), so the normalisation divides by zero: {_out(ev)}.",
         "Add an epsilon inside the normalisation: `(x - mean) / (std + 1e-5)` or `x * torch.rsqrt(var + 1e-5)`, "
         "or use `F.layer_norm` / `nn.BatchNorm*`, which do.",
+    )
+
+
+@op_rule("_linalg_slogdet", "linalg_slogdet", "slogdet", "logdet")
+def logdet_of_singular_matrix(ev: Evidence) -> Cause | None:
+    """slogdet's log|det| is -inf where the determinant is 0 (`torch.logdet` and
+    `MultivariateNormal.log_prob` go through it)."""
+    out = ev.output
+    if out is None or not out.neginf:
+        return None
+    return Cause(
+        "log_nonpositive",
+        "log-determinant of a singular matrix",
+        f"At {ev.where} ({ev.code}) some matrices are singular (linearly dependent or repeated rows or columns), so "
+        f"their determinant is 0 and its log is -inf: {_out(ev)}.",
+        "Keep the matrix positive definite: add a ridge (`A + eps * torch.eye(n)`), or build it as "
+        "`L @ L.mT + eps * I`; where rows can repeat (a DPP kernel over a basket that holds an item twice), "
+        "remove the duplicates first.",
     )
 
 
