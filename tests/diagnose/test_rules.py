@@ -267,6 +267,16 @@ class TestExpAndOverflow:
         cause = cause_of(lambda: torch.mm(a, torch.full((2, 1), 3e30)).sum().backward())
         assert cause.id == "float_overflow"
 
+    def test_atanh_at_one_is_a_singularity_not_an_overflow(self):
+        # A tanh-squashed policy's clipped action (exactly 1.0) back through atanh: +inf in
+        # any dtype, from an input of 1.
+        cause = cause_of(lambda: torch.atanh(torch.tensor([0.5, 1.0])))
+        assert cause.id == "singularity" and "atanh" in cause.explanation and "clamp" in cause.fix
+
+    def test_near_miss_an_op_without_a_pole_that_overflows_stays_an_overflow(self):
+        cause = cause_of(lambda: torch.tensor([10.0]) ** torch.tensor([40.0]))
+        assert cause.id != "singularity"
+
 
 class TestRootsAndDomains:
     def test_sqrt_of_a_negative(self):

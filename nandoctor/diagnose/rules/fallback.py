@@ -76,6 +76,34 @@ def inf_arithmetic(ev: Evidence) -> Cause | None:
     )
 
 
+# Ops whose formula is infinite at finite points (poles, edges of their domain): an Inf
+# they make from finite inputs is not an overflow, and float64 gives the same Inf.
+_POLES = {"atanh", "arctanh", "erfinv", "logit", "digamma", "polygamma", "lgamma", "mvlgamma", "special_ndtri",
+          "xlog1py", "special_xlog1py"}
+
+
+@fallback_rule
+def singularity(ev: Evidence) -> Cause | None:
+    """atanh(±1), erfinv(±1), logit(0), digamma(0): the op at a point where it is infinite."""
+    largest = _largest_input(ev)
+    if ev.op not in _POLES or not ev.made_inf() or not ev.inputs_finite() or largest is None:
+        return None
+    return Cause(
+        "singularity",
+        f"`{ev.op}` at a point where it is infinite",
+        f"At {ev.where} ({ev.code}) `{ev.op}` made Inf from finite inputs no larger than {fmt(largest)}: not an "
+        "overflow, but a point where the function itself is infinite (a pole or the edge of its domain: atanh and "
+        "erfinv at ±1, logit at 0 and 1, digamma and lgamma at 0). A wider dtype gives the same Inf.",
+        "Keep the inputs inside the op's domain: clamp them away from the edge (`x.clamp(-1 + 1e-6, 1 - 1e-6)` for "
+        "atanh of actions a tanh squashed, `torch.logit(p, eps=1e-6)`), or compute the value in a form that "
+        "avoids the edge (a TanhTransform's `cache_size=1` keeps the pre-tanh value).",
+    )
+
+
+def _largest_input(ev: Evidence) -> float | None:
+    return max((max(abs(s.min or 0), abs(s.max or 0)) for s in ev.root.inputs if s.min is not None), default=None)
+
+
 @fallback_rule
 def float_overflow(ev: Evidence) -> Cause | None:
     if not ev.made_inf() or not ev.inputs_finite():
@@ -85,7 +113,7 @@ def float_overflow(ev: Evidence) -> Cause | None:
         f"{ev.dtype} overflow",
         f"At {ev.where} ({ev.code}) `{ev.op}` has finite inputs but its result is beyond {ev.dtype}'s range "
         f"({fmt(FLOAT_MAX.get(ev.dtype))}). The inputs' largest magnitude is "
-        f"{fmt(max((max(abs(s.min or 0), abs(s.max or 0)) for s in ev.root.inputs), default=None))}.",
+        f"{fmt(_largest_input(ev))}.",
         "Scale the values down (normalise inputs, smaller initialisation, lower learning rate) or compute in a "
         "wider dtype (float64 for this op).",
     )
