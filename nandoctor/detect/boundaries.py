@@ -30,6 +30,7 @@ class BoundaryChecks:
         self.recorder = recorder
         self.stop = stop
         self._optimizers_checked: "weakref.WeakSet" = weakref.WeakSet()
+        self.optimizers: "weakref.WeakSet" = weakref.WeakSet()  # every optimizer made in the run
 
     # -- backward ----------------------------------------------------------------------
 
@@ -63,12 +64,24 @@ class BoundaryChecks:
         if check and self.recorder.last_backward_order >= mark:
             for leaf in _leaves(roots):
                 grad = leaf.grad
-                if grad is not None and grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
+                if grad is not None and grad.is_floating_point() and self._trained(leaf) \
+                        and not bool(torch.isfinite(grad).all()):
                     record = self.recorder.existing_or_bare(grad, "", "backward")
                     self._name_parameter(record, leaf)
                     self.stop(record, StopReason.GRADIENT_AFTER_BACKWARD)
         self.recorder.sites.new_generation()
         self.recorder.new_generation()
+
+    def _trained(self, leaf: torch.Tensor) -> bool:
+        """Is `leaf` something training updates from its .grad? A parameter, or any leaf
+        while no optimizer is in the run (a hand-written update). An input that requires
+        grad to differentiate through it (positions for forces, an image for a saliency
+        map) holds a gradient like any other value: a non-finite one matters where it is
+        used, and a double backward often leaves one there that nothing reads."""
+        if not self.state.optimizer_seen or isinstance(leaf, torch.nn.Parameter) \
+                or self.recorder.modules.parameter_name(leaf) is not None:
+            return True
+        return any(p is leaf for opt in (*self.optimizers, *self._optimizers_checked) for p in _parameters(opt))
 
     def returned_gradients(self, outputs) -> None:
         """torch.autograd.grad returned: its results are gradients the script holds."""

@@ -523,6 +523,10 @@ class Detector(Observer):
         with self.internal():
             self.boundaries.returned_gradients(outputs)
 
+    def optimizer_created(self, optimizer) -> None:
+        super().optimizer_created(optimizer)
+        self.boundaries.optimizers.add(optimizer)
+
     def before_optimizer_step(self, optimizer) -> None:
         self.state.optimizer_created()
         self.regions.close_interrupted()

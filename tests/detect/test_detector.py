@@ -257,6 +257,34 @@ class TestBackward:
 
         assert not detect(train).stopped
 
+    def test_an_inputs_gradient_nothing_reads_does_not_stop_a_run_that_trains_parameters(self):
+        # Forces as -dE/dpos with create_graph: the second backward leaves NaN in pos.grad
+        # (the norm's double backward at a zero distance), which the script never reads.
+        w = torch.nn.Parameter(torch.ones(1))
+
+        def train():
+            opt = torch.optim.SGD([w], lr=0.1)
+            pos = torch.zeros(2, 3).requires_grad_(True)
+            energy = (w * torch.linalg.vector_norm(pos[0] - pos[1])).sum()
+            forces = -torch.autograd.grad(energy, pos, create_graph=True)[0]
+            opt.zero_grad()
+            (energy + forces.pow(2).sum()).backward()
+            opt.step()
+
+        result = detect(train)
+        assert not result.stopped and torch.isfinite(w).all()
+
+    def test_near_miss_a_parameters_gradient_left_non_finite_stops(self):
+        w = torch.nn.Parameter(torch.zeros(3))
+
+        def train():
+            opt = torch.optim.SGD([w], lr=0.1)
+            opt.zero_grad()
+            torch.sqrt(w).sum().backward()  # sqrt'(0) = inf into w.grad
+            opt.step()
+
+        assert detect(train).stopped
+
     def test_a_gradient_made_non_finite_stops_before_the_optimizer_step(self):
         w = torch.nn.Parameter(torch.tensor([1.0]))
         opt = torch.optim.SGD([w], lr=0.1)
