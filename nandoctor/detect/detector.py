@@ -368,6 +368,9 @@ class Detector(Observer):
         if self.detection is not None or not speaks_of_nonfinite(error):
             return None
         birth = self.recorder.latest_birth()
+        made_in_backward = self.recorder.latest_backward  # (the script's own detect_anomaly raises there)
+        if made_in_backward is not None and (birth is None or made_in_backward.order > birth.order):
+            birth = made_in_backward
         if birth is None:
             return None
         self.detection = explain(birth, StopReason.SCRIPT_RAISED, self.recorder.forward_by_node, self.locator)
@@ -403,8 +406,11 @@ class Detector(Observer):
     def _can_check_by_node(self, roots) -> bool:
         """On the CPU, with ours the innermost mode: an accelerator's per-op flags are read
         at boundaries already (a node's check would be a sync), and a script's own mode
-        sees the ops it asked for."""
+        sees the ops it asked for. Not under the script's own `detect_anomaly`: it raises
+        from inside the engine before a node's post-hook runs, so only a per-op backward
+        has seen the op that made the value by then."""
         return (self.backward_by_node and not self.passive and _get_current_dispatch_mode() is self.mode
+                and not torch.is_anomaly_enabled()
                 and all(t.device.type == "cpu" for t in roots if isinstance(t, torch.Tensor)))
 
     def _backward_ended(self) -> None:

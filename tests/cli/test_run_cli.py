@@ -126,6 +126,31 @@ def test_a_script_that_raises_over_its_own_nan_check_is_a_finding_at_the_line_th
     assert report["error"]["type"] in ("RuntimeError", "AssertionError")
 
 
+ANOMALY_ON = """\
+import torch
+torch.autograd.set_detect_anomaly(True)
+w = torch.nn.Parameter(torch.tensor([[1.0, 2.0], [1.0, 2.0]]))
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(2):
+    d = torch.sqrt(((w[:, None] - w[None]) ** 2).sum(-1))
+    opt.zero_grad()
+    d.sum().backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("mode", ["trace", "watch"])
+def test_a_script_whose_own_detect_anomaly_raises_in_backward_is_a_finding_at_its_forward_line(tmp_path, script,
+                                                                                               mode):
+    # Anomaly mode raises inside the engine ("SqrtBackward0 returned nan values") before
+    # a node's own check: that backward runs op by op, and the op is what it raised over.
+    script("train.py", ANOMALY_ON)
+    result = run_nandoctor(["run", "--mode", mode, "train.py"], tmp_path)
+    report = result.report
+    assert result.code == 3 and report["root"]["phase"] == "backward", result.stderr[-2000:]
+    assert report["root"]["location"]["line"] == 6 and report["cause"]["id"] == "sqrt_zero_backward"
+
+
 def test_near_miss_an_error_about_something_else_after_a_nan_stays_the_scripts_error(tmp_path, script):
     script("train.py", GUARDED.replace("GUARD", 'if b == 1:\n        raise KeyError("vocab.json")'))
     result = run_nandoctor(["run", "train.py"], tmp_path)
