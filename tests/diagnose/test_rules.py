@@ -213,6 +213,24 @@ class TestDivision:
         assert stays_clean(self._entropy_of_attention(safe=True))
 
 
+    def test_weight_norm_of_a_zero_initialised_weight_divides_by_its_zero_norm(self):
+        from torch.nn.utils.parametrizations import weight_norm
+
+        layer = torch.nn.Linear(3, 2)
+        torch.nn.init.zeros_(layer.weight)  # "start the residual branch at zero"
+        layer = weight_norm(layer)
+        cause = cause_of(lambda: layer(torch.ones(1, 3)))
+        assert cause.id == "div_by_zero" and "weight_norm" in cause.title and "`g`" in cause.fix
+
+    def test_near_miss_weight_norm_with_its_magnitude_zeroed_is_clean(self):
+        from torch.nn.utils.parametrizations import weight_norm
+
+        layer = weight_norm(torch.nn.Linear(3, 2))
+        with torch.no_grad():
+            layer.parametrizations.weight.original0.zero_()  # g = 0: w = 0, defined
+        assert stays_clean(lambda: layer(torch.ones(1, 3)))
+
+
 class TestExpAndOverflow:
     def test_exp_above_88_in_float32(self):
         a = torch.nn.Parameter(torch.tensor([1000.0, 1.0]))

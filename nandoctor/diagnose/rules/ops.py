@@ -190,6 +190,23 @@ def logdet_of_singular_matrix(ev: Evidence) -> Cause | None:
     )
 
 
+@op_rule("_weight_norm_interface", "_weight_norm", "_weight_norm_differentiable_backward")
+def weight_norm_of_a_zero_direction(ev: Evidence) -> Cause | None:
+    """weight_norm's w = g * v / ||v||: a row of v that is all zeros is 0 / 0."""
+    v = ev.input("v")
+    if v is None or not v.zeros:
+        return None
+    return Cause(
+        "div_by_zero",
+        "weight_norm of a weight that is all zeros",
+        f"At {ev.where} ({ev.code}) a weight_norm'd layer computes w = g * v / ||v||, and its direction v has "
+        f"{count_of(v.zeros, v)} zeros (a zero-initialised weight, e.g. to start a residual branch at zero): "
+        f"||v|| = 0 for some rows, so w is 0 / 0: {_out(ev)}.",
+        "Zero-initialise the magnitude instead of the direction: keep v random and set `g` (the parametrization's "
+        "`original0`, or `weight_g`) to 0, which starts the branch at zero with a defined gradient.",
+    )
+
+
 @op_rule("scalar_tensor")
 def logdet_of_negative_determinant(ev: Evidence) -> Cause | None:
     """A NaN torch wrote itself inside the function the line called (`scalar_tensor(nan)`,
