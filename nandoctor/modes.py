@@ -72,7 +72,10 @@ class TraceMode(RunMode):
         root = found.root
         written = root.facts.written_by_optimizer or root.phase == "optimizer"
         weights_clean = False if written else None  # a stop after optimizer.step(): weights already changed
-        replayed, _ = _localise(request, rng, report, replay_words.subject(found), report.step or 0, weights_clean)
+        replayed, outcome = _localise(request, rng, report, replay_words.subject(found), report.step or 0,
+                                      weights_clean)
+        if outcome.interrupted:
+            return _interrupted(report)
         return replayed if replayed is not None else _kept_on_miss(report)
 
 
@@ -152,8 +155,18 @@ def _kept_on_miss(report: RunReport) -> RunReport:
     return report
 
 
+def _interrupted(report: RunReport) -> RunReport:
+    """Ctrl-C during the replay: the first run's finding is the report, said to be
+    unlocalised, and the run ends as an interrupted one does."""
+    report.exit_code = int(ExitCode.INTERRUPTED)
+    report.reproduced = None  # (neither reproduced nor not: it did not get there)
+    report.notes.append(replay_words.replay_interrupted())
+    return report
+
+
 def _not_reproduced(found: WatchFinding, report: RunReport, outcome: replay.ReplayOutcome) -> RunReport:
-    """Watch mode's report when the replay did not find the failure again."""
+    """Watch mode's report when the replay did not find the failure again (or was
+    interrupted before it could)."""
     site = Site(op="", phase=found.phase, location=found.location,
                 facts=SiteFacts(loss=found.loss, grad_norm=found.grad_norm))
     report.status, report.exit_code = "nonfinite", int(ExitCode.FOUND)
@@ -162,6 +175,9 @@ def _not_reproduced(found: WatchFinding, report: RunReport, outcome: replay.Repl
     report.reason = replay_words.watch_stop_reason(found)
     report.reproduced = False
     report.weights_clean = found.weights_clean
+    if outcome.interrupted:
+        report.cause = replay_words.unlocalised_watch(found)
+        return _interrupted(report)
     replayed = outcome.report
     report.cause = replay_words.nonreproducible_watch(found, replayed is not None and replayed.status == "clean")
     if replayed is None and outcome.stderr.strip():

@@ -127,6 +127,7 @@ def take_state_from_environment() -> RngState | None:
 class ReplayOutcome:
     report: RunReport | None  # the replay's report; None when it wrote none
     stderr: str
+    interrupted: bool = False  # Ctrl-C while it ran: what the first run found still stands
 
 
 def replay(target: str, args: list[str], as_module: bool, config_path: str | None, rng: RngState,
@@ -148,9 +149,11 @@ def replay(target: str, args: list[str], as_module: bool, config_path: str | Non
         except subprocess.TimeoutExpired as exc:
             return ReplayOutcome(_read(report_file), f"the replay did not finish within {timeout_s:g} s\n"
                                  + (exc.stderr or "" if isinstance(exc.stderr, str) else ""))
+        except KeyboardInterrupt:  # (subprocess.run has killed the replay and waited for it)
+            return ReplayOutcome(None, "", interrupted=True)
         replayed = _read(report_file)
     if proc.returncode == ExitCode.INTERRUPTED:
-        raise KeyboardInterrupt
+        return ReplayOutcome(None, proc.stderr, interrupted=True)
     return ReplayOutcome(replayed, proc.stderr)
 
 

@@ -156,3 +156,40 @@ def test_a_script_started_with_sigint_ignored_ignores_it_as_under_python(tmp_pat
     for name, ((out, err), code) in done.items():
         assert (code, out) == (0, "finished 6.0\n"), f"{name}: {err[-3000:]}"
     assert json.loads((tmp_path / "r.json").read_text())["status"] == "clean"
+
+
+# Watch mode finds the NaN loss of step 1; the second run of the script (the replay that
+# localises it) is where the Ctrl-C lands, sent to the whole process group as a terminal
+# sends it.
+REPLAYED = """\
+import os, signal, torch
+signal.signal(signal.SIGINT, signal.default_int_handler)
+replaying = os.path.exists("ran_once")
+open("ran_once", "w").close()
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 4)
+for step in range(3):
+    if replaying and step == 1:
+        os.killpg(0, signal.SIGINT)
+    scale = torch.tensor(0.0 if step == 1 else 1.0)
+    loss = (model(x) / scale).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_ctrl_c_during_watch_modes_replay_keeps_what_watch_found(tmp_path, script):
+    script("train.py", REPLAYED)
+    report_path = tmp_path / "report.json"
+    proc = subprocess.run(with_sigint("SIG_DFL", ["-m", "nandoctor", "run", "--mode", "watch", "--json",
+                                                  str(report_path), "train.py"]),
+                          cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
+                          start_new_session=True)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert not nandoctor_frames(proc.stderr), proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["status"] == "nonfinite" and report["exit_code"] == 130
+    assert report["step"] == 1 and report["reproduced"] is None
+    assert any("interrupted" in note for note in report["notes"])

@@ -89,6 +89,23 @@ def nonreproducible_watch(finding: WatchFinding, replay_ran_clean: bool) -> Caus
         f"seeds, under the per-op detector {how} up to that step.")
 
 
+def unlocalised_watch(finding: WatchFinding) -> Cause:
+    """Watch mode saw a non-finite loss or gradient; the replay that finds the op was
+    stopped (Ctrl-C) before it got there."""
+    seen = _seen(finding.what, finding.step)
+    return Cause(
+        "unknown",
+        "a non-finite value watch mode saw, not localised",
+        f"Watch mode saw {seen}. The replay that finds the op (the script again, same seeds, under the per-op "
+        "detector) was interrupted before it reached that step.",
+        "Run again to let the replay finish, or run with `--mode trace`, which stops at the op itself.",
+    )
+
+
+def replay_interrupted() -> str:
+    return "the replay was interrupted (Ctrl-C) before it reached the failing step: the op is not localised."
+
+
 def _nonreproducible(seen: str) -> Cause:
     return Cause(
         "nonreproducible",
