@@ -123,6 +123,22 @@ class TestDivision:
 
         assert cause_of(standardise).id == "zero_variance"
 
+    def test_a_divisor_assigned_a_std_just_above_under_any_name_is_zero_variance(self):
+        def window():  # a time series window of a flat segment, normalised in __getitem__
+            past = torch.ones(8)
+            mu, sigma = past.mean(), past.std()
+            return (past - mu) / sigma
+
+        assert cause_of(window).id == "zero_variance"
+
+    def test_near_miss_a_divisor_assigned_something_else_is_plain_division_by_zero(self):
+        def rescale():
+            past = torch.ones(8)
+            sigma = past.sum() * 0  # a scale, not a spread
+            return past / sigma
+
+        assert cause_of(rescale).id == "div_by_zero"
+
     def test_near_miss_a_word_that_merely_contains_sd_is_plain_division_by_zero(self):
         def per_price():
             usd_price = torch.tensor([0.0, 2.0])

@@ -6,6 +6,7 @@ line whose backward failed).
 """
 from __future__ import annotations
 
+import linecache
 import re
 
 from nandoctor.diagnose import words
@@ -156,9 +157,34 @@ _SPREAD = re.compile(r"\b(?:\w+_)?(std|var|sd|stdev|stddev|variance)(?:_\w+)?\b|
 
 def _divides_by_a_spread(ev: Evidence) -> bool:
     """Does the line divide by a std, a variance or a max - min (which a constant makes 0)?
-    Read from the code when autograd did not record what made the divisor (no_grad)."""
-    code = ev.root.location.code if ev.root.location else ""
-    return "/" in code and bool(_SPREAD.search(code.split("/", 1)[1]))
+    Read from the code when autograd did not record what made the divisor (no_grad): on
+    the line, or where the variable it divides by was assigned just above it
+    (`sigma = past.std()` then `(x - mu) / sigma`)."""
+    location = ev.root.location
+    code = location.code if location else ""
+    if "/" not in code:
+        return False
+    divisor = code.split("/", 1)[1]
+    if _SPREAD.search(divisor):
+        return True
+    name = re.match(r"=?\s*\(?\s*([A-Za-z_]\w*)\s*\)?\s*(?:$|[#,)\]])", divisor)
+    return bool(name) and bool(_SPREAD.search(_assigned_above(location.file, location.line, name.group(1))))
+
+
+def _assigned_above(file: str, line: int, name: str, reach: int = 30) -> str:
+    """The value of the nearest assignment to `name` above `line` in the same function
+    (`sigma = x.std()`, or its part of `mu, sigma = x.mean(), x.std()`)."""
+    assignment = re.compile(r"^\s*([\w\s,]+?)\s*=(?!=)(.*)$")
+    for number in range(line - 1, max(0, line - reach), -1):
+        text = linecache.getline(file, number)
+        if re.match(r"\s*(def|class)\s", text):
+            break
+        found = assignment.match(text)
+        targets = [t.strip() for t in found.group(1).split(",")] if found else []
+        if name in targets:
+            values = found.group(2).split(",")  # (good enough for a tuple of calls without commas inside)
+            return values[targets.index(name)] if len(values) == len(targets) else found.group(2)
+    return ""
 
 
 def zero_variance(ev: Evidence) -> Cause:
