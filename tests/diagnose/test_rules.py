@@ -577,6 +577,17 @@ class TestMaskValueUsed:
         cause = cause_of(lambda: w.masked_fill(causal, float("-inf")).sum().backward())
         assert cause.id == "mask_value_used" and "torch.finfo" in cause.fix
 
+    def test_an_inf_torch_writes_inside_a_function_is_its_value_by_definition_not_a_mask(self):
+        # KL(q || prior) where the pruned prior gives code 2 probability 0 and q does not:
+        # torch.distributions writes +inf there itself.
+        from torch.distributions import Categorical, kl_divergence
+
+        logits = torch.nn.Parameter(torch.zeros(3))
+        prior = Categorical(probs=torch.tensor([0.5, 0.5, 0.0]))
+        cause = cause_of(lambda: kl_divergence(Categorical(logits=logits), prior).backward())
+        assert cause.id == "mask_value_used" and "by definition" in cause.title
+        assert "finfo" not in cause.fix
+
     def test_a_mask_added_to_the_scores_and_summed_is_the_same_cause(self):
         w = torch.nn.Parameter(torch.randn(4, 4))
         causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)

@@ -6,6 +6,8 @@ that was already non-finite, or an update the optimizer made from finite gradien
 """
 from __future__ import annotations
 
+import re
+
 from nandoctor.detect.result import OVERWRITTEN_SUFFIX
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence, count_of
@@ -165,6 +167,8 @@ def mask_value_used(ev: Evidence) -> Cause | None:
     neither overflow nor Inf arithmetic is the cause."""
     if not ev.facts.written_on_purpose:
         return None
+    if not ev.facts.entered and not _writes_a_special_value(ev.code):
+        return _infinite_by_definition(ev)
     if ev.facts.entered or (ev.output is not None and ev.output.posinf and not ev.output.neginf):
         return _sentinel_used(ev)
     return Cause(
@@ -176,6 +180,31 @@ def mask_value_used(ev: Evidence) -> Cause | None:
         "something other than scores.",
         "Reduce over the unmasked positions only (`x[~mask].sum()`, `x.masked_fill(mask, 0).sum()`), or write a "
         "large finite negative value instead of -inf: `x.masked_fill(mask, torch.finfo(x.dtype).min)`.",
+    )
+
+
+# What a line that writes an infinity itself shows: a fill or mask call, the infinity, or a
+# value that stands for one.
+_WRITES_SPECIAL = re.compile(r"fill|mask|inf|full|finfo|tensor\(|empty|where|scatter|index_put|\[.*\]\s*=")
+
+
+def _writes_a_special_value(code: str) -> bool:
+    return bool(_WRITES_SPECIAL.search(code or ""))
+
+
+def _infinite_by_definition(ev: Evidence) -> Cause:
+    """The fill ran inside a function the line called (torch.distributions' KL writes +inf
+    where the second distribution gives probability 0 to an outcome of the first): the
+    function's answer is infinite for those inputs, not a mask or sentinel of the script's."""
+    return Cause(
+        "mask_value_used",
+        "a function returned Inf by definition for these inputs",
+        f"At {ev.where} ({ev.code}) the function the line calls writes {_bad(ev.output)} itself (`{ev.op}` inside "
+        "it): for these inputs its value is infinite by definition, e.g. a KL divergence KL(p || q) where q gives "
+        "probability 0 to an outcome p can take. Nothing overflowed; the inputs are outside where it is finite.",
+        "Keep the inputs where the function is finite: give every outcome a nonzero probability (smooth or clamp "
+        "the probabilities and renormalise, or mask the impossible outcomes out of both distributions), or drop "
+        "those terms before they reach the loss.",
     )
 
 
