@@ -46,7 +46,7 @@ from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.regions import ModuleRegions
-from nandoctor.detect.records import Record, RecordTable
+from nandoctor.detect.records import Record, RecordTable, tensors_of
 from nandoctor.detect.result import Detection, StopReason
 from nandoctor.detect.saved import SavedValues
 
@@ -314,8 +314,13 @@ class Detector(Observer):
         self.recorder.carry(args, out)
 
     def absorbed(self, args) -> None:
-        with self.internal():
-            self.recorder.absorbed(args)
+        """A checked op made only finite values (see `Recorder.absorbed`). Per op while
+        records exist (a mask's, every step): a lookup, and nandoctor's own ops only for an
+        input that holds a value made by accident."""
+        made = [(t, r) for t in tensors_of(args) if (r := self.records.get(t)) is not None and not r.intended]
+        if made:
+            with self.internal():
+                self.recorder.absorbed(made)
 
     def filled(self, args, out: torch.Tensor) -> None:
         """A fill, `where` or clamp touched a tensor with a record (rare): its output carries

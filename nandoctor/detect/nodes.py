@@ -17,8 +17,9 @@ checkpointing) runs with the mode on between the pre-hook and post-hook it gets 
 a tensor's `register_hook` function with the mode on (see hooks.py). torch.compile's
 backward is an autograd.Function too, but runs no Python of the user's: most of it is fused
 kernels no mode sees, so it is checked as one node, and a non-finite value it makes is
-found by the replay, which runs the compiled code eagerly (see compiled.py). Backward passes that build a graph (`create_graph=True`), those inside
-torch.func transforms, `autograd.grad` and non-CPU ones stay per-op throughout.
+found by the replay, which runs the compiled code eagerly (see compiled.py). Backward
+passes that build a graph (`create_graph=True`), those inside torch.func transforms,
+`autograd.grad` and non-CPU ones stay per-op throughout.
 """
 from __future__ import annotations
 
@@ -31,22 +32,27 @@ from nandoctor.detect.mode import _finite
 
 current_node = torch._C._current_autograd_node
 
+_ACCUMULATE = "AccumulateGrad"
 COMPILED_BACKWARD = "CompiledFunctionBackward"  # AOTAutograd's node: a compiled graph's backward
 _ARMED = "nandoctor.armed"  # a node's metadata key: its hooks are in place (graphs kept across backwards)
 
+# Nodes that hand on the one gradient they receive as it is, only reshaped (a Linear's
+# weight reaches its accumulator through the transpose's node).
+_RESHAPES = frozenset({
+    "AliasBackward0", "PermuteBackward0", "ReshapeAliasBackward0", "SqueezeBackward0", "SqueezeBackward1",
+    "TBackward0", "TransposeBackward0", "UnsafeViewBackward0", "UnsqueezeBackward0", "ViewBackward0",
+})
+
 # Nodes whose gradient is the one they received, moved (a view, a transpose, a copy, a
-# select into zeros): nothing non-finite starts there, and what passes through keeps its
-# storage or reaches the next checked node, so they go unchecked (most nodes of a
-# Transformer). A leaf's accumulator gets its own hook once a backward has made a
-# non-finite value (see `arm_leaves`).
-_UNCHECKED_NODES = frozenset({
-    "AliasBackward0", "AsStridedBackward0", "CatBackward0", "CloneBackward0",
-    "DetachBackward0", "NarrowBackward0", "PermuteBackward0", "ReshapeAliasBackward0", "SelectBackward0",
-    "SliceBackward0", "SplitBackward0", "SplitWithSizesBackward0", "SqueezeBackward0", "SqueezeBackward1",
-    "SqueezeBackward2", "StackBackward0", "TBackward0", "TransposeBackward0", "TransposeBackward1",
-    "UnbindBackward0", "UnflattenBackward0", "UnsafeSplitBackward0", "UnsafeViewBackward0",
-    "UnsqueezeBackward0", "ViewBackward0",
-    # ...or selects it: a gradient where the input was positive, else zero.
+# select into zeros) or selected (ReLU's: where the input was positive, else zero):
+# nothing non-finite starts there, and what passes through keeps its storage or reaches
+# the next checked node, so they go unchecked (most nodes of a Transformer). A leaf's
+# accumulator gets its own hook once a backward has made a non-finite value (see
+# `arm_leaves`).
+_UNCHECKED_NODES = _RESHAPES | frozenset({
+    "AsStridedBackward0", "CatBackward0", "CloneBackward0", "DetachBackward0", "NarrowBackward0",
+    "SelectBackward0", "SliceBackward0", "SplitBackward0", "SplitWithSizesBackward0", "SqueezeBackward2",
+    "StackBackward0", "TransposeBackward1", "UnbindBackward0", "UnflattenBackward0", "UnsafeSplitBackward0",
     "ReluBackward0", "ThresholdBackward0",
 })
 
@@ -62,12 +68,6 @@ _LEFT_TO_THE_STEP = frozenset({
     "NativeLayerNormBackward0", "NativeBatchNormBackward0", "AddBackward0",
     COMPILED_BACKWARD,  # (the replay runs it eagerly to find the op)
 })
-
-# Nodes that hand on the one gradient they receive as it is, only reshaped (a Linear's
-# weight reaches its accumulator through the transpose's node).
-_RESHAPES = frozenset({"TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0",
-                       "ReshapeAliasBackward0", "UnsafeViewBackward0", "AliasBackward0",
-                       "SqueezeBackward0", "SqueezeBackward1", "UnsqueezeBackward0"})
 
 
 def _reaches_a_leaf(node) -> bool:
@@ -98,7 +98,6 @@ def _widening_cast(node, name: str) -> bool:
     return came is not None and goes is not None and came <= goes
 
 
-_ACCUMULATE = "AccumulateGrad"
 
 
 def _grad_fns(roots) -> list:
@@ -115,6 +114,7 @@ class NodeChecks:
         # when the run ends (`release`), so a later run in the process starts clean.
         self._lasting: list[tuple[dict, object]] = []
         self._graphs: list = []  # the roots of each backward running (a nested one last)
+        self._check_all = functools.partial(self._node_finished, frozenset())  # (a C call, no Python frame)
 
     def release(self) -> None:
         for metadata, handle in self._lasting:
@@ -177,7 +177,7 @@ class NodeChecks:
             to_leaves = [i for i, (fn, _) in enumerate(edges) if _reaches_a_leaf(fn)]
             if to_leaves:
                 return functools.partial(self._node_finished, frozenset(to_leaves))
-        return self._node_finished_all
+        return self._check_all
 
     def arm_leaves(self) -> None:
         """A non-finite value was just made in the innermost backward: hook its leaves'
@@ -211,9 +211,6 @@ class NodeChecks:
                 detector.node_went_nonfinite(grad_inputs, grad_outputs)
                 break
         return None
-
-    def _node_finished_all(self, grad_inputs, grad_outputs):
-        return self._node_finished((), grad_inputs, grad_outputs)
 
     def _leaf_accumulated(self, grad_inputs, grad_outputs):
         """A leaf's .grad took its gradient. Once this backward has made a non-finite value

@@ -269,15 +269,15 @@ class Recorder:
             if isinstance(item, torch.Tensor):
                 self.records.put(item, source)
 
-    def absorbed(self, args) -> None:
-        """An op took recorded non-finite values and made only finite ones (`exp(-inf)` is
-        0, `x / inf` is 0): the forward went on finite, but backward still multiplies by
-        the Inf (`exp(w * log(0))`'s gradient for w is 0 * -inf). Said on the births the
-        values came from, for the gradient-leak diagnosis (see lineage.py). An input the
-        record only covers in part (a finite slice of it) absorbed nothing."""
-        for t in tensors_of(args):
-            record = self.records.get(t)
-            if record is not None and not record.intended and not all_finite(t):
+    def absorbed(self, inputs: list[tuple[torch.Tensor, Record]]) -> None:
+        """An op took recorded non-finite values (`inputs`: each with its record) and made
+        only finite ones (`exp(-inf)` is 0, `x / inf` is 0): the forward went on finite, but
+        backward still multiplies by the Inf (`exp(w * log(0))`'s gradient for w is
+        0 * -inf). Said on the births the values came from, for the gradient-leak diagnosis
+        (see lineage.py). An input the record only covers in part (a finite slice of it)
+        absorbed nothing."""
+        for t, record in inputs:
+            if not all_finite(t):
                 _mark_births(record, "absorbed")
 
     def filled(self, args, out: torch.Tensor) -> None:
