@@ -17,6 +17,7 @@ from nandoctor.detect.result import Detection, Site, StopReason
 def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record], locator: SourceLocator,
             needs_replay: bool = False, flagged_suspects: list[Record] = ()) -> Detection:
     chain = _ancestry(event, forward_by_node)
+    _gradient_work(chain)
     root = chain[-1]
     intended = next((p for p in root.parents if p.intended or _legit_for(root, p)), None)
     if intended is not None:
@@ -61,6 +62,22 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
         node = next((r.backward_node for r in reversed(chain) if r.phase == "backward"), None)
         root.facts.gradient_leak_through = node
     return chain
+
+
+def _gradient_work(chain: list[Record]) -> None:
+    """The scalars a hand-written gradient normalisation computes on its way to `p.grad`
+    (`p.grad.mul_(1 / p.grad.norm())`: the reciprocal) are part of that work: backward,
+    like the write they feed. An op feeding such work is one of them when it built no
+    graph, ran outside any module and in the same step."""
+    feeds_gradient = False
+    for child, parent in zip(chain, chain[1:]):  # (the event first: each parent after its child)
+        feeds_gradient = feeds_gradient or (child.phase == "backward" and bool(child.op)
+                                            and child.backward_node is None)
+        if not (feeds_gradient and parent.phase == "forward" and parent.module is None
+                and parent.node_seq is None and parent.step == child.step):
+            feeds_gradient = False
+            continue
+        parent.phase = "backward"
 
 
 def birth_of(record: Record) -> Record:

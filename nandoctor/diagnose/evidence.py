@@ -4,6 +4,7 @@ with the questions rules keep asking (how many zeros went into the division? whi
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from nandoctor.detect.result import OVERWRITTEN_SUFFIX, Detection, History, Site, SiteFacts
@@ -50,7 +51,9 @@ class Evidence:
         if not self.node:
             return None
         name = self.node.rstrip("0123456789")
-        return name[: -len("Backward")].lower() if name.endswith("Backward") else name.lower()
+        name = name[: -len("Backward")] if name.endswith("Backward") else name
+        # CamelCase as torch spells the op: SpecialEntr -> special_entr, LogSoftmax -> log_softmax
+        return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
 
     @property
     def where(self) -> str:

@@ -20,15 +20,19 @@ Rule = Callable[[Evidence], Optional[Cause]]
 
 _op_rules: dict[str, Rule] = {}
 _node_rules: dict[str, Rule] = {}
+_formula_rules: dict[str, Rule] = {}
 _context_rules: list[Rule] = []
 _fallback_rules: list[Rule] = []
 
 
-def op_rule(*op_names: str, nodes: Iterable[str] = ()):
-    """Register a rule for forward ops by base name and backward nodes by name."""
+def op_rule(*op_names: str, nodes: Iterable[str] = (), in_formulas: bool = False):
+    """Register a rule for forward ops by base name and backward nodes by name. With
+    `in_formulas`, the rule also judges its ops where a backward formula with no rule of
+    its own calls them (entr's gradient is -(log(p) + 1): a log of 0 there is log's case)."""
 
     def register(rule: Rule) -> Rule:
-        for table, names in ((_op_rules, op_names), (_node_rules, nodes)):
+        for table, names in ((_op_rules, op_names), (_node_rules, nodes),
+                             (_formula_rules, op_names if in_formulas else ())):
             for name in names:
                 if name in table:
                     raise ValueError(f"a diagnosis rule for '{name}' is already registered")
@@ -50,7 +54,8 @@ def fallback_rule(rule: Rule) -> Rule:
 
 def rule_for(ev: Evidence) -> Rule | None:
     if ev.node:
-        return _node_rules.get(ev.node.rstrip("0123456789"))
+        rule = _node_rules.get(ev.node.rstrip("0123456789"))
+        return rule if rule is not None else _formula_rules.get(ev.op)
     return _op_rules.get(ev.op) if ev.op else None  # a forward op, or one the user's backward code called
 
 

@@ -512,6 +512,23 @@ class TestPhasesAndSteps:
     def test_near_miss_a_metric_computed_after_backward_is_still_forward(self):
         assert self._after_backward(work_on_gradient=False).phase == "forward"
 
+    def test_the_scalar_a_gradient_normalisation_divides_by_is_backward_too(self):
+        # `p.grad.mul_(1 / p.grad.norm())`: the Inf is born in the reciprocal, an op on a
+        # norm (not itself a gradient) that only feeds the gradient's write.
+        head = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(head.parameters(), lr=0.1)
+
+        def train():
+            loss = head(torch.ones(3, 2)).sum() * 0.0  # a head whose loss weight is still 0
+            opt.zero_grad()
+            loss.backward()
+            for p in head.parameters():
+                p.grad.mul_(1.0 / p.grad.norm())
+            opt.step()
+
+        root = detect(train).detection.root
+        assert root.op == "aten.reciprocal.default" and root.phase == "backward"
+
     def test_a_module_name_is_recorded(self):
         class Head(torch.nn.Module):
             def forward(self, x):

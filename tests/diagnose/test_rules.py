@@ -88,6 +88,20 @@ class TestLogNonpositive:
         assert cause.id == "log_nonpositive"
         assert "log_softmax" in cause.fix
 
+    def test_a_gradient_formula_that_takes_a_log_is_judged_as_that_log(self):
+        # entr(p) = -p log p is 0 at p = 0, its gradient -(log p + 1) is infinite there: the
+        # backward's own log of 0 is the root, where a masked logit made p exactly 0.
+        logits = torch.nn.Parameter(torch.tensor([[1.0, 2.0, 0.5]]))
+        legal = torch.tensor([[True, True, False]])
+        cause = cause_of(lambda: torch.special.entr(torch.softmax(logits.masked_fill(~legal, float("-inf")), -1))
+                         .sum().backward())
+        assert cause.id == "log_nonpositive"
+        assert "gradient of `special_entr`" in cause.title and "a logit was -inf (a mask)" in cause.explanation
+
+    def test_near_miss_entr_of_a_softmax_with_no_mask_is_clean(self):
+        logits = torch.nn.Parameter(torch.tensor([[1.0, 2.0, 0.5]]))
+        assert stays_clean(lambda: torch.special.entr(torch.softmax(logits, -1)).sum().backward())
+
     def test_near_miss_log_of_a_tiny_positive_number_is_fine(self):
         assert stays_clean(lambda: torch.log(torch.tensor([1e-30, 1e-38])))
 

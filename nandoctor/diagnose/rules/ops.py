@@ -19,13 +19,18 @@ def _producer(ev: Evidence, name: str) -> str | None:
     return ev.facts.input_producers.get(name)
 
 
-@op_rule("log", "log2", "log10", "log1p", "xlogy",
-         nodes=("LogBackward", "Log2Backward", "Log10Backward", "Log1PBackward", "XlogyBackward"))
+_LOGS = ("log", "log2", "log10", "log1p", "xlogy")
+
+
+@op_rule(*_LOGS, nodes=("LogBackward", "Log2Backward", "Log10Backward", "Log1PBackward", "XlogyBackward"),
+         in_formulas=True)
 def log_nonpositive(ev: Evidence) -> Cause | None:
     # xlogy(x, y) = x * log(y): the log's argument is `other`, `self` only multiplies it.
     x = (ev.input("other") if ev.op == "xlogy" else None) or ev.input("self", "x", "input") or ev.first_input()
     lower = -1.0 if ev.op == "log1p" else 0.0
-    if ev.node:  # the derivative 1/x blew up: x was 0 or so tiny that 1/x overflows
+    # A log node's root is the division of its derivative 1/x; a node whose formula takes
+    # a log itself (entr's -(log(p) + 1)) has the log as its root, judged like a forward log.
+    if ev.node and ev.op not in _LOGS:  # the derivative 1/x blew up: x was 0 or so tiny that 1/x overflows
         # The backward op is grad / x: its `other` is log's own input.
         x = ev.input("other") or ev.first_input()
         small = (f"the smallest input to log was {fmt(x.min)}" if x is not None and x.min is not None
@@ -55,12 +60,15 @@ def log_nonpositive(ev: Evidence) -> Cause | None:
     if not parts:
         return None
     source = _producer(ev, x.name)
-    underflow = f" The input comes from `{source}`, which underflowed to 0." if source and "softmax" in source.lower() else ""
+    underflow = (f" The input comes from `{source}`: its exact zeros are where a logit was -inf (a mask) or where "
+                 "it underflowed." if source and "softmax" in source.lower() else "")
     rounded = _rounded_to_zero(x.dtype) if zeros and lower == 0.0 else ""
+    inside = (f" the gradient of `{ev.forward_op}` takes {ev.op} of its input, infinite at 0 where "
+              f"`{ev.forward_op}` itself is finite" if ev.node else "")
     return Cause(
         "log_nonpositive",
-        f"{ev.op} of a non-positive value",
-        f"At {ev.where} ({ev.code}) {'; '.join(parts)}.{underflow}{rounded}",
+        f"{ev.op} of a non-positive value" + (f" in the gradient of `{ev.forward_op}`" if ev.node else ""),
+        f"At {ev.where} ({ev.code}){inside}: {'; '.join(parts)}.{underflow}{rounded}",
         _first(("Compute it in log space (`F.logsigmoid(x)` / `F.logsigmoid(-x)` for log(p) / log(1 - p), "
                 "`F.binary_cross_entropy_with_logits`), or in float32 outside autocast; or") if rounded else None,
                "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), "
