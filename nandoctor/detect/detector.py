@@ -293,7 +293,11 @@ class Detector(Observer):
 
     def value_read(self, t: torch.Tensor, value: float | None = None) -> None:
         """The script reads `t` back (`.item()` gave `value`; `.tolist()`, `.numpy()`, print):
-        a non-finite value it reads stops the run, with the lineage of where it was made."""
+        a non-finite value it reads stops the run, with the lineage of where it was made.
+        Not one read on a line that tests it (`if not math.isfinite(loss.item()): continue`):
+        what the script does next decides. Skipping the batch discards the value on purpose;
+        raising over it is reported by `raised_over`; using it anyway stops the run where
+        it reaches the gradients."""
         if self.passive or not (t.is_floating_point() or t.is_complex()) or t.is_meta:
             return
         self.read_flags()  # a deferred op made what is read: its flag names it
@@ -302,8 +306,8 @@ class Detector(Observer):
             if finite:
                 return
             record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
-        if not record.intended:  # a -inf mask or an allowed line's value may be printed
-            self.stop(record, StopReason.READ_BACK)
+        if not record.intended and not self.locator.tests_finiteness(self.locator.user_frame()):
+            self.stop(record, StopReason.READ_BACK)  # (a -inf mask or an allowed line's value may be printed)
 
     def defer(self, func, args, out: torch.Tensor, node, created_seq) -> None:
         """Queue a device-side flag for `out`: no sync now, read at the next boundary."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -21,6 +22,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 from nandoctor.detect.compiled import compiling
 from nandoctor.detect.records import storage_key
 from nandoctor.detect.result import Location
+
+# math.isfinite(x), np.isnan(x), torch.isinf(x), x.isfinite(): a call that tests finiteness
+_FINITENESS_TEST = re.compile(r"\bis(?:finite|nan|inf|posinf|neginf)\s*\(")
+
 
 def _library_dirs() -> tuple[str, ...]:
     """Where library code lives: torch, nandoctor, the stdlib and every installed package
@@ -130,6 +135,14 @@ class SourceLocator:
             function=code.co_name,
             code=linecache.getline(code.co_filename, line).strip(),
         )
+
+    def tests_finiteness(self, where: tuple[types.CodeType, int] | None) -> bool:
+        """Does the line test a value's finiteness (`if not math.isfinite(loss.item()):`)?
+        A value read there is read to be checked, not used."""
+        if where is None:
+            return False
+        code, line = where
+        return _FINITENESS_TEST.search(linecache.getline(code.co_filename, line)) is not None
 
     def display_path(self, filename: str) -> str:
         """The path as the user would write it: the script as typed, others relative to cwd."""

@@ -1,6 +1,8 @@
 """The detection model: what stops a run, what is only a suspect, and where the root is."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -177,6 +179,37 @@ class TestNoFalseAlarms:
             opt.step()
 
         assert not detect(build_on_meta).stopped
+
+    @staticmethod
+    def _skipping_bad_batches(read_to_test: bool):
+        """Batches whose targets are all padding make a 0/0 loss; the loop reads it."""
+        head = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(head.parameters(), lr=0.1)
+        printed = []
+
+        def train():
+            for step in range(3):
+                weight = torch.zeros(4) if step == 1 else torch.ones(4)
+                loss = (head(torch.ones(4, 3)).squeeze(1) * weight).sum() / weight.sum()
+                if read_to_test:
+                    if not math.isfinite(loss.item()):
+                        continue  # skip the batch: the NaN is discarded on purpose
+                else:
+                    printed.append(f"{loss.item():.3f}")  # logged: the user sees a NaN loss
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+        return detect(train)
+
+    def test_a_loss_read_to_test_its_finiteness_and_skipped_is_discarded(self):
+        result = self._skipping_bad_batches(read_to_test=True)
+        assert not result.stopped and result.detector.state.step == 2
+
+    def test_near_miss_a_non_finite_loss_read_to_be_logged_stops_the_run(self):
+        result = self._skipping_bad_batches(read_to_test=False)
+        assert result.stopped and result.detection.reason is StopReason.READ_BACK
+        assert result.detection.root.op == "aten.div.Tensor"
 
     def test_a_sum_that_overflows_is_rechecked_exactly(self):
         big = torch.full((10,), 3e38)
