@@ -227,6 +227,17 @@ class ModuleTracker:
                 return True
         return False
 
+    def preparing_dataset(self) -> bool:
+        """Is a `Dataset` being built (inside its `__init__`: normalising the data it will
+        serve)? On the rare path only: it looks at the Python stack."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name == "__init__" and \
+                    isinstance(frame.f_locals.get("self"), torch.utils.data.Dataset):
+                return True
+            frame = frame.f_back
+        return False
+
     def building(self) -> bool:
         """Is a module being set up: loading a state dict, or inside an nn.Module's
         `__init__` (on the rare path only: it looks at the Python stack)?"""

@@ -153,7 +153,8 @@ class Recorder:
         """The phase of an op running now (see TrainingState.phase). Between `backward()`
         and the step, an op on a parameter's gradient (a hand-written normalisation or
         clipping of `p.grad`) works on what backward made: backward, not forward."""
-        phase = self.state.phase(node, args, self.modules.current, self.modules.building)
+        phase = self.state.phase(node, args, self.modules.current, self.modules.building,
+                                 self.modules.preparing_dataset)
         if phase == "forward" and self.state.backward_started and self.modules.holds_gradient(tensors_of(args)):
             return "backward"
         return phase

@@ -62,7 +62,8 @@ class TrainingState:
             return None
         return self.step + (1 if self.backward_started else 0)
 
-    def phase(self, node, args, module: str | None, building=lambda: False) -> str:
+    def phase(self, node, args, module: str | None, building=lambda: False,
+              preparing_dataset=lambda: False) -> str:
         """The phase of an op. Before training (an optimizer made, a batch drawn or a
         backward run), an op inside a module's forward or one that builds an autograd graph
         is forward; one that sets up the model — inside a module's `__init__`, touching a
@@ -72,8 +73,8 @@ class TrainingState:
             return "backward"
         if self.in_optimizer:
             return "optimizer"
-        if self.data_depth:
-            return "data"
+        if self.data_depth or (module is None and not _builds_graph(args) and preparing_dataset()):
+            return "data"  # (a Dataset built mid-run, after the optimizer, prepares data too)
         if not self.training_started and module is None and not self.transform_depth and not _builds_graph(args):
             return "init" if _touches_parameter(args) or building() else "data"
         return "forward"

@@ -345,6 +345,27 @@ class TestSetupPhases:
         d = detect(Scaled).detection
         assert d.root.op == "aten.log.default" and d.root.phase == "init"
 
+    def test_a_dataset_built_after_the_optimizer_still_prepares_data(self):
+        class Scaled(torch.utils.data.Dataset):
+            def __init__(self):
+                raw = torch.ones(6, 2)
+                self.x = raw / (raw.max() - raw.min())  # a constant dataset: 0/0
+
+        def train():
+            torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)  # training has started
+            read_back(Scaled().x)
+
+        d = detect(train).detection
+        assert d.root.op == "aten.div.Tensor" and d.root.phase == "data"
+
+    def test_near_miss_the_same_division_in_the_loop_after_the_optimizer_is_forward(self):
+        def train():
+            torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+            raw = torch.ones(6, 2)
+            read_back(raw / (raw.max() - raw.min()))
+
+        assert detect(train).detection.root.phase == "forward"
+
     def test_an_op_on_a_parameter_before_training_is_init(self):
         w = torch.nn.Parameter(torch.ones(2))
 

@@ -145,6 +145,21 @@ class TestDivision:
 
         assert cause_of(window).id == "zero_variance"
 
+    def test_a_divisor_that_subtracts_a_min_from_a_max_kept_in_names_is_zero_variance(self):
+        def min_max_scale():  # a constant sensor channel scaled to [0, 1]
+            raw = torch.ones(8, 3)
+            lo, hi = raw.min(dim=0).values, raw.max(dim=0).values
+            return (raw - lo) / (hi - lo)
+
+        assert cause_of(min_max_scale).id == "zero_variance"
+
+    def test_near_miss_a_difference_of_names_that_are_no_range_is_plain_division_by_zero(self):
+        def per_gap():
+            start, end = torch.ones(3), torch.ones(3)
+            return torch.ones(3) / (end - start)
+
+        assert cause_of(per_gap).id == "div_by_zero"
+
     def test_near_miss_a_divisor_assigned_something_else_is_plain_division_by_zero(self):
         def rescale():
             past = torch.ones(8)

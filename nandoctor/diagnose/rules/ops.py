@@ -176,7 +176,20 @@ def _divides_by_a_spread(ev: Evidence) -> bool:
     if _SPREAD.search(divisor):
         return True
     name = re.match(r"=?\s*\(?\s*([A-Za-z_]\w*)\s*\)?\s*(?:$|[#,)\]])", divisor)
-    return bool(name) and bool(_SPREAD.search(_assigned_above(location.file, location.line, name.group(1))))
+    if name:
+        return bool(_SPREAD.search(_assigned_above(location.file, location.line, name.group(1))))
+    return _a_range_of_names(divisor, location)
+
+
+def _a_range_of_names(divisor: str, location) -> bool:
+    """`(hi - lo)` where `hi` was assigned a max and `lo` a min above (`lo, hi = x.min(0).values,
+    x.max(0).values`), or names that say so (`x_max - x_min`): a min-max range."""
+    names = re.match(r"\s*\(?\s*([A-Za-z_]\w*)\s*-\s*([A-Za-z_]\w*)\s*\)?", divisor)
+    if not names:
+        return False
+    high, low = names.groups()
+    said = [name + " " + _assigned_above(location.file, location.line, name) for name in (high, low)]
+    return bool(re.search(r"max", said[0], re.IGNORECASE) and re.search(r"min", said[1], re.IGNORECASE))
 
 
 def _assigned_above(file: str, line: int, name: str, reach: int = 30) -> str:
