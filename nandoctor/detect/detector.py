@@ -352,6 +352,19 @@ class Detector(Observer):
             record = self.recorder.entered(op, t, self.recorder.phase(None, ()))
         self.records.put(t, record)
 
+    def state_exported(self, module, state) -> None:
+        """A value made non-finite by accident that ended up in a model's state (written
+        through a detached alias, as `AveragedModel` and EMA helpers write their average)
+        matters once the script takes it out: an EMA's weights saved to deploy. Only tensors
+        with a record are looked at, so this costs nothing while no value went bad."""
+        if self.passive or not self.records:
+            return
+        with self.internal():
+            for name, t in state.items():
+                record = self.records.get(t) if isinstance(t, torch.Tensor) else None
+                if record is not None and not record.intended and not all_finite(t):
+                    self.stop(self.recorder.exported(t, name, record), StopReason.STATE_EXPORTED)
+
     def saving(self, obj) -> None:
         with self.internal():
             self.saved.saving(obj)

@@ -18,6 +18,8 @@ Each hook calls the observer (see observer.py for the protocol):
 - `Tensor.tolist` / `numpy` / `__repr__`: values the script reads back (`.item()` is an op
   the dispatch mode sees itself); `torch.from_numpy` / `as_tensor`: values entering torch
   from outside; `torch.save` / `torch.load`: values that go through a file or buffer.
+- `Module.state_dict`: the parameters and buffers a script takes out of a model (a
+  checkpoint, an EMA model's weights), which it may have written through detached aliases.
 - `DataLoader.__iter__` / `_BaseDataLoaderIter.__next__`: the data phase, and each batch as
   it arrives (also from worker processes, whose own ops nandoctor cannot see).
 
@@ -70,6 +72,7 @@ class TrainingHooks:
         self._undo.append(lambda: compiled.stop_observing(self.observer))
         quiet = CompileQuiet().__enter__()
         self._undo.append(quiet.__exit__)
+        self._patch(torch.nn.Module, "state_dict", self._wrap_state_dict)
         for name in ("register_hook", "register_post_accumulate_grad_hook"):
             self._patch(torch.Tensor, name, self._wrap_register_hook)
         if self.observer.watches_values:
@@ -302,6 +305,23 @@ class TrainingHooks:
             return tensor
 
         return entry
+
+    def _wrap_state_dict(self, original):
+        observer = self.observer
+        depth = [0]  # a module's state_dict() calls its children's: only the outermost call counts
+
+        @functools.wraps(original)
+        def state_dict(module, *args, **kwargs):
+            depth[0] += 1
+            try:
+                state = original(module, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0 and isinstance(state, dict):
+                observer.state_exported(module, state)
+            return state
+
+        return state_dict
 
     def _wrap_save(self, original):
         observer = self.observer

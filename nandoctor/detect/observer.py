@@ -164,6 +164,10 @@ class Observer:
     def value_entered(self, t, op: str) -> None:
         """A tensor entered torch from outside (numpy, a file) (only when `watches_values`)."""
 
+    def state_exported(self, module, state) -> None:
+        """`module.state_dict()` returned `state` (its outermost call: a checkpoint, an EMA
+        copy, weights to deploy): the parameters and buffers the script takes out of it."""
+
     def saving(self, obj) -> None:
         """torch.save is about to write `obj` (only when `watches_values`)."""
 

@@ -111,6 +111,14 @@ class SourceLocator:
             known = self._is_installed[code] = not filename.startswith("<") and _is_installed(os.path.realpath(filename))
         return known
 
+    def in_own_optimizer(self) -> bool:
+        """Is the innermost user frame a method of an optimizer the user wrote (its own
+        `step()`: LARS, SAM by hand), rather than a call of a library optimizer's step?"""
+        frame = sys._getframe(1)
+        while frame is not None and not self._user_code(frame.f_code):
+            frame = frame.f_back
+        return frame is not None and isinstance(frame.f_locals.get("self"), torch.optim.Optimizer)
+
     def user_frame_inside_backward(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
         """(code, line) of the user's own code running inside backward — a custom
         `Function.backward`, a tensor or module hook — or None when the autograd engine

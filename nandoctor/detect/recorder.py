@@ -9,6 +9,7 @@ op's own facts). Nothing here decides whether to stop; see `policy.py`.
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 import torch
@@ -55,6 +56,8 @@ class Recorder:
         tensors = [(name, v) for name, v in named if isinstance(v, torch.Tensor)]
         overwritten = _overwritten_name(func, tensors, out)
         parents, facts = self._parents(tensors, overwritten, before)
+        if intended and any(not p.intended for p in parents) and _accidents_survive_the_fill(args, kwargs, out):
+            intended = False  # the -inf went on purpose into values made by accident, which it left in place
         facts.written_on_purpose = intended
         origin = not any(not p.intended for p in parents)
         inputs = [_summary(name, value, name == overwritten, before) for name, value in named] if origin else []
@@ -78,8 +81,10 @@ class Recorder:
             facts.writes_parameter = True
             facts.parameter = facts.parameter or written
         output = summarize(out, "output")
+        phase = self.phase(node, args)
+        facts.own_optimizer = phase == "optimizer" and self.locator.in_own_optimizer()
         record = Record(
-            op=op_name(func), phase=self.phase(node, args), where=where, module=module,
+            op=op_name(func), phase=phase, where=where, module=module,
             backward_node=node_name, node_seq=seq, step=self.state.step_or_none, output=output, inputs=inputs,
             parents=parents, has_nan=output.nan > 0, intended=intended, facts=facts,
         )
@@ -154,7 +159,7 @@ class Recorder:
         and the step, an op on a parameter's gradient (a hand-written normalisation or
         clipping of `p.grad`) works on what backward made: backward, not forward."""
         phase = self.state.phase(node, args, self.modules.current, self.modules.building,
-                                 self.modules.preparing_dataset)
+                                 self.modules.preparing_dataset, loading=bool(self.modules.loading_state))
         if phase == "forward" and self.state.backward_started and self.modules.holds_gradient(tensors_of(args)):
             return "backward"
         return phase
@@ -258,6 +263,16 @@ class Recorder:
         self._births.append(record)
         return record
 
+    def exported(self, t: torch.Tensor, name: str, source: Record) -> Record:
+        """The parameter or buffer `name` a `state_dict()` handed out, holding what `source`
+        made: a record of its own (the stop's event) whose parent is `source`."""
+        output = summarize(t, "value")
+        return Record(
+            op="", phase=self.phase(None, ()), where=self.locator.user_frame(2), module=None,
+            backward_node=None, node_seq=None, step=self.state.step_or_none, output=output, inputs=[],
+            parents=[source], has_nan=output.nan > 0, facts=SiteFacts(parameter=ParameterRef(name, tuple(t.shape))),
+        )
+
     def existing_or_bare(self, t: torch.Tensor, op: str, phase: str) -> Record:
         return self.records.get(t) or self.bare(op, t, phase)
 
@@ -346,6 +361,19 @@ def _mark_births(record: Record, fact: str) -> None:
         if not parents:
             setattr(r.facts, fact, True)
         stack.extend(parents)
+
+
+def _accidents_survive_the_fill(args, kwargs, out: torch.Tensor) -> bool:
+    """A fill wrote a non-finite value on purpose (`masked_fill(causal, -inf)`) into a tensor
+    that held values made by accident (a `+inf` from `x / 0` or `-log(0)`): does the output
+    still hold some of them, non-finite values other than the one written?"""
+    written = [float(v) for v in (*args, *kwargs.values())
+               if isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, torch.Tensor) and v.dim() == 0]
+    written = [v for v in written if not math.isfinite(v)]
+    left = ~torch.isfinite(out)
+    for value in written:
+        left &= out != value
+    return bool(left.any())
 
 
 def _overwritten_name(func, tensors, out) -> str | None:

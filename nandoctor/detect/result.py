@@ -58,6 +58,7 @@ class StopReason(enum.Enum):
     READ_BACK = "read_back"  # the script read a non-finite value (.item(), .tolist(), .numpy(), print)
     AMP_SCALE_COLLAPSE = "amp_scale_collapse"  # a GradScaler skipped a step at a scale of 1 or less
     SCRIPT_RAISED = "script_raised"  # the script raised over a non-finite value it checked itself
+    STATE_EXPORTED = "state_exported"  # a module's state_dict() handed out a non-finite parameter or buffer
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class SiteFacts:
     absorbed: bool = False  # an op downstream in forward made only finite values of them (exp(-inf) = 0)
     written_on_purpose: bool = False  # a fill was handed the non-finite value to write (a -inf mask)
     user_backward: bool = False  # called by the user's own code inside backward (custom Function, hook)
+    own_optimizer: bool = False  # called by the step() of an optimizer the user wrote (LARS by hand)
     input_producers: dict[str, str] = field(default_factory=dict)  # input name -> autograd node
     ctc: CtcLengths | None = None
     amp: AmpScaling | None = None
@@ -163,7 +165,7 @@ class SiteFacts:
             if p.group is not None:
                 out["parameter_position"] = [p.group, p.index]
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
-                    "user_backward", "written_on_purpose"):
+                    "user_backward", "written_on_purpose", "own_optimizer"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
@@ -330,7 +332,9 @@ class History:
 class WatchFinding:
     """What watch mode saw: which value went non-finite, at which step, called from where."""
 
-    what: Literal["loss", "gradient", "parameters"]  # parameters: found at the end of the run
+    # parameters: found at the end of the run; exported: in the weights of an untrained
+    # model (an EMA's) that a state_dict() handed out
+    what: Literal["loss", "gradient", "parameters", "exported"]
     step: int  # optimizer steps completed
     location: Location | None  # the backward() / step() call
     loss: float | None

@@ -115,6 +115,16 @@ class StepWatcher(Observer):
         self._loss = None
         super().after_optimizer_step(optimizer)
 
+    def state_exported(self, module, state) -> None:
+        """The weights of a model no optimizer trains (an EMA or SWA average, written through
+        detached aliases outside any step) are checked when the script takes them out: one
+        pass over them. A trained model's are not: its gradients were checked at every step
+        and its parameters are checked when the script ends."""
+        trained = {id(p) for opt in self._optimizers for group in opt.param_groups for p in group["params"]}
+        averaged = [p for p in module.parameters() if id(p) not in trained and p.is_floating_point() and not p.is_meta]
+        if averaged and not all(bool(torch.isfinite(p).all()) for p in averaged):
+            self._stop("exported", None, None, self.locator.user_frame(2))
+
     def raised_over(self, error: BaseException) -> WatchFinding | None:
         """The script raised over a non-finite value it checked itself, between two of
         watch's boundaries: a finding for the replay under trace to localise (it raises

@@ -31,13 +31,14 @@ def subject(detection: Detection) -> str:
 
 
 def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
-    return (f"{mode} mode: the {what} went non-finite {steps_done(step)}"
-            + (" (the update was not applied)" if weights_clean else "")
+    value = "weights a state_dict() handed out" if what == "exported" else what
+    return (f"{mode} mode: the {value} went non-finite {steps_done(step)}"
+            + (" (the update was not applied)" if weights_clean and what in ("loss", "gradient") else "")
             + "; re-running the script under --mode trace to find the op...")
 
 
 def reproduced(mode: str, what: str, step: int) -> str:
-    seen = f"found {_seen(what, step)}" if what == "parameters" else f"stopped on {_seen(what, step)}"
+    seen = f"found {_seen(what, step)}" if what in ("parameters", "exported") else f"stopped on {_seen(what, step)}"
     return f"{mode} mode {seen}; a seeded replay checking every op found the op above."
 
 
@@ -46,12 +47,16 @@ def _seen(what: str, step: int) -> str:
     ended, the parameters."""
     if what == "parameters":
         return f"non-finite parameters at the end of the run, {steps_done(step)}"
+    if what == "exported":
+        return f"non-finite weights in a model no optimizer trains (an average), as a state_dict() handed them out {steps_done(step)}"
     return f"a non-finite {what} {steps_done(step)}"
 
 
 def watch_stop_reason(finding: WatchFinding) -> str:
     if finding.what == "parameters":
         return "parameters are non-finite at the end of the run"
+    if finding.what == "exported":
+        return "a state_dict() handed out non-finite weights of a model no optimizer trains"
     return f"the {finding.what} is non-finite"
 
 
@@ -82,7 +87,7 @@ def nonreproducible_watch(finding: WatchFinding, replay_ran_clean: bool) -> Caus
     """Watch mode saw a non-finite loss or gradient; the replay under trace did not."""
     how = "ran clean" if replay_ran_clean else "ended without a finding"
     seen = _seen(finding.what, finding.step)
-    if finding.what != "parameters":
+    if finding.what not in ("parameters", "exported"):
         seen += f" (loss {fmt(finding.loss)}, gradient norm {fmt(finding.grad_norm)})"
     return _nonreproducible(
         f"Watch mode saw {seen}, but re-running the script from the start, with the same random "

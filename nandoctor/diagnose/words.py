@@ -57,6 +57,8 @@ def stop_reason(reason: StopReason, event: Site) -> str:
             "a gradient is non-finite after backward()"
     if reason is StopReason.UPDATE:
         return f"optimizer.step() ({facts.optimizer}) made a parameter non-finite"
+    if reason is StopReason.STATE_EXPORTED:
+        return f"a module's state_dict() holds a non-finite value in {parameter_phrase(facts.parameter)}"
     if reason is StopReason.PARAMETER_WRITTEN:
         return f"a non-finite value was written into {parameter_phrase(facts.parameter)}"
     return _STOP_REASONS[reason]

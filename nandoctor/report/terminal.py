@@ -170,7 +170,7 @@ def _headline(event: Site, root: Site, width: int) -> str:
 
 
 def _watch_line(report: RunReport) -> Text:
-    weights = {True: "[green]weights still finite: the bad update was not applied[/]",
+    weights = {True: "[green]the trained weights are still finite: no update was made from a non-finite value[/]",
                False: "[red]weights already non-finite[/]", None: "weights not checked (no optimizer seen)"}
     replay = {True: "reproduced under --mode trace", False: "[yellow]NOT reproduced on replay[/]", None: ""}
     bits = [b for b in (weights[report.weights_clean], replay[report.reproduced]) if b]

@@ -404,6 +404,47 @@ class TestSetupPhases:
         assert d.root.op == "aten.div.Tensor" and d.root.location.line == line_of("MARK-cache")
 
 
+class TestWeightsTakenOut:
+    """A value made by accident that a model's state holds (written through a detached
+    alias, as averages are) matters once the script takes the state out."""
+
+    @staticmethod
+    def _average(avg_fn):
+        from torch.optim.swa_utils import AveragedModel
+
+        model = torch.nn.Linear(3, 2)
+        average = AveragedModel(model, avg_fn=avg_fn)
+
+        def train():
+            for _ in range(3):
+                average.update_parameters(model)
+            return average.module.state_dict()
+
+        return detect(train)
+
+    def test_an_average_holding_a_nan_it_made_stops_where_its_state_is_taken(self):
+        result = self._average(lambda avg, p, n: avg + (p - avg) / (n - 1))  # MARK-average
+        d = result.detection
+        assert d.reason is StopReason.STATE_EXPORTED and d.event.facts.parameter.name in ("weight", "bias")
+        assert d.root.op == "aten.div.Tensor" and d.root.location.line == line_of("MARK-average")
+
+    def test_near_miss_a_finite_average_is_clean(self):
+        assert not self._average(lambda avg, p, n: avg + (p - avg) / (n + 1)).stopped
+
+    def test_near_miss_a_minus_inf_sentinel_buffer_in_a_state_is_clean(self):
+        class Tracker(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("best", torch.full((3,), float("-inf")))  # a running max, not yet seen
+
+        def export():
+            tracker = Tracker()
+            tracker.best[:2] = torch.maximum(tracker.best[:2], torch.tensor([1.0, 2.0]))  # best[2] never seen
+            return tracker.state_dict()
+
+        assert not detect(export).stopped
+
+
 class TestUserCodeInsideBackward:
     """Code the user wrote that autograd runs (a custom Function's backward, hooks) is
     reported at its own line, judged as the op it is."""
@@ -755,6 +796,41 @@ class TestMasksPassedOn:
         assert [d.allowed for d in result.detector.discarded()] == [True]
 
 
+class TestMasksOverValuesMadeByAccident:
+    """A fill writes -inf on purpose; values made by accident that it leaves in place are
+    still what they were: the lineage goes through the fill to where they were made."""
+
+    @staticmethod
+    def _contrastive(temperature: float, keep: bool):
+        def logits():
+            sim = torch.tensor([[1.0, 0.5, -0.2], [0.5, 1.0, 0.3], [-0.2, 0.3, 1.0]])
+            scores = sim / torch.tensor(temperature)  # MARK-temperature (annealed to 0: ±inf)
+            scores = scores.masked_fill(torch.eye(3, dtype=torch.bool), float("-inf"))  # no self-pairs
+            p = torch.softmax(scores, -1)
+            read_back(torch.where(torch.isfinite(p), p, 0.0) if not keep else p)
+
+        return detect(logits)
+
+    def test_a_division_by_a_zero_temperature_under_a_diagonal_mask_is_rooted_at_the_division(self):
+        d = self._contrastive(0.0, keep=True).detection
+        assert d.root.op == "aten.div.Tensor" and d.root.location.line == line_of("MARK-temperature")
+
+    def test_near_miss_the_same_mask_over_a_finite_temperature_is_clean(self):
+        assert not self._contrastive(0.1, keep=True).stopped
+
+    def test_near_miss_a_fill_that_covers_every_accidental_value_is_a_mask_again(self):
+        def padded_rows():
+            counts = torch.tensor([2.0, 0.0])  # row 1 is padding: x / 0
+            scores = torch.ones(2, 3) / counts[:, None]
+            masked = scores.masked_fill(torch.tensor([[False] * 3, [True] * 3]), float("-inf"))
+            p = torch.where(counts[:, None] > 0, torch.softmax(masked, -1), 0.0)
+            read_back(p)
+            return masked
+
+        result = detect(padded_rows)
+        assert not result.stopped
+
+
 class TestSentinels:
     """An infinity the script writes as a starting value — the best loss so far, the start of
     a running max — is written on purpose, however it enters torch: it may be read back and
@@ -835,6 +911,19 @@ class TestSentinelsInCopiesAndCheckpoints:
             print(ema.low.tolist(), ema.best.item())
 
         assert not detect(ema_copy).stopped
+
+    def test_a_checkpoint_loaded_after_the_optimizer_is_made_is_still_init(self, tmp_path):
+        state = self.Tracker().state_dict()
+        state["lin.weight"][0, 1] = float("nan")
+        torch.save(state, tmp_path / "bad.pt")
+
+        def resume():
+            model = self.Tracker()
+            torch.optim.SGD(model.parameters(), lr=0.1)  # training has started
+            model.load_state_dict(torch.load(tmp_path / "bad.pt"))
+
+        result = detect(resume)
+        assert result.stopped and result.detection.root.phase == "init"
 
     def test_near_miss_a_checkpoint_with_an_inf_among_its_weights_is_still_a_bad_parameter(self, tmp_path):
         state = self.Tracker().state_dict()

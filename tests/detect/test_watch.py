@@ -144,3 +144,36 @@ def test_a_run_whose_parameters_end_non_finite_is_localised_to_the_optimizer_by_
     assert report["cause"]["id"] == "optimizer_invalid" and report["root"]["phase"] == "optimizer"
     assert report["weights_clean"] is False
     assert "at the end of the run" in result.stderr
+
+
+def _average_saved(avg_fn) -> StepWatcher:
+    """AveragedModel writes its average through detached aliases, outside any step; the
+    script then takes the average's weights out with state_dict() to deploy them."""
+    from torch.optim.swa_utils import AveragedModel
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    average = AveragedModel(model, avg_fn=avg_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    watcher = StepWatcher(load_config().run)
+    try:
+        with watcher:
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.ones(4, 3)).pow(2).mean().backward()
+                opt.step()
+                average.update_parameters(model)
+            average.module.state_dict()
+    except NonFiniteFound:
+        pass
+    return watcher
+
+
+def test_non_finite_weights_of_an_average_are_found_when_its_state_dict_is_taken():
+    watcher = _average_saved(lambda avg, p, n: avg + (p - avg) / (n - 1))  # n = 1 at the second update
+    assert watcher.finding() is not None and watcher.finding().what == "exported"
+
+
+def test_near_miss_a_finite_average_taken_out_is_clean():
+    watcher = _average_saved(lambda avg, p, n: avg + (p - avg) / (n + 1))
+    assert watcher.finding() is None

@@ -9,10 +9,33 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import detect, read_back
+from helpers import detect, read_back, run_nandoctor
 from nandoctor.detect.result import Detection, Location, Site, StopReason
 from nandoctor.diagnose import build_report
 from nandoctor.stats import TensorSummary
+
+
+# A LARS written by hand whose trust ratio divides by a gradient norm that is 0 (line 10).
+LARS_BY_HAND = """\
+import torch
+
+class Lars(torch.optim.Optimizer):
+    def __init__(self, params):
+        super().__init__(params, dict(lr=0.1))
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.param_groups[0]["params"]:
+            trust = p.norm() / p.grad.norm()
+            p.sub_(p.grad * trust)
+
+w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+opt = Lars([w])
+for _ in range(2):
+    opt.zero_grad()
+    (w * 0.0).sum().backward()
+    opt.step()
+"""
 
 
 def reading(fn):
@@ -508,6 +531,13 @@ class TestContext:
         cause = cause_of(train_steps(lambda: (w[0] * 3), [w], opt_cls=torch.optim.Adam, lr=0.1, eps=0.0))
         assert cause.id == "optimizer_invalid" and "eps" in cause.fix
 
+    def test_a_division_by_zero_in_an_optimizer_the_script_wrote_is_that_division(self, tmp_path):
+        # The step runs unwatched; the seeded replay finds the op inside the script's own step().
+        (tmp_path / "lars.py").write_text(LARS_BY_HAND)
+        report = run_nandoctor(["run", "lars.py"], tmp_path).report
+        assert report["root"]["phase"] == "optimizer" and report["root"]["location"]["line"] == 10
+        assert report["cause"]["id"] == "div_by_zero"
+
     def test_softmax_over_a_fully_masked_row_is_inf_arithmetic(self):
         scores = torch.randn(2, 3)
         mask = torch.tensor([[False, True, True], [True, True, True]])
@@ -633,3 +663,8 @@ class TestMaskValueUsed:
         padding = torch.tensor([[False, True, True], [True, True, True]])
         cause = cause_of(lambda: torch.softmax(scores + torch.zeros(2, 3).masked_fill(padding, float("-inf")), -1))
         assert cause.id == "inf_arithmetic" and "entirely -inf" in cause.title
+
+    def test_a_softmax_over_distances_masked_with_plus_inf_is_not_a_fully_masked_row(self):
+        dist = torch.rand(3, 4)
+        cause = cause_of(lambda: torch.softmax(dist.masked_fill(torch.tensor([True, False, False, False]), float("inf")), -1))
+        assert cause.id == "inf_arithmetic" and "+inf" in cause.title and "(-dist)" in cause.fix

@@ -56,6 +56,9 @@ def amp_scale_collapse(ev: Evidence) -> Cause | None:
 def optimizer_invalid(ev: Evidence) -> Cause | None:
     if ev.root.phase != "optimizer" and not ev.facts.written_by_optimizer:
         return None
+    op_rule = rule_for(ev)
+    if ev.facts.own_optimizer and op_rule is not None and op_rule(ev) is not None:
+        return None  # the script's own step() code: the op's cause, at its line, not a setting
     return Cause(
         "optimizer_invalid",
         "the optimizer made a non-finite update from finite gradients",

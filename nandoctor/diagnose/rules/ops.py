@@ -444,6 +444,17 @@ def ctc_infeasible(ev: Evidence) -> Cause | None:
 @op_rule("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax")
 def softmax_all_masked(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
+    if x is not None and x.posinf and ev.made_nan():
+        source = words.inf_source(ev.facts)
+        return Cause(
+            "inf_arithmetic",
+            "softmax over a row that holds +inf",
+            f"At {ev.where} ({ev.code}) the softmax input holds {count_of(x.posinf, x)} +inf values: a row with a "
+            f"+inf is exp(inf - inf) = NaN ({_out(ev)}). A mask is -inf, never +inf."
+            + (f" The +inf was written at {source}: a -inf mask negated, or a value written as +inf." if source else ""),
+            "Mask scores with -inf (`scores.masked_fill(~valid, float('-inf'))`) and negate distances before the "
+            "mask, not after (`softmax((-dist).masked_fill(~valid, float('-inf')), -1)`).",
+        )
     if x is None or not x.neginf or not ev.made_nan():
         return None
     return Cause(
