@@ -500,7 +500,8 @@ class Detector(Observer):
         with self.internal():
             for index, real in enumerate(grad_inputs):
                 replayed = again[index] if index < len(again) else None
-                if isinstance(real, torch.Tensor) and real.is_floating_point() and not all_finite(real):
+                if isinstance(real, torch.Tensor) and (real.is_floating_point() or real.is_complex()) \
+                        and not all_finite(real):
                     record = self.records.get(replayed) if isinstance(replayed, torch.Tensor) else None
                     self.records.put(real, record or self.recorder.node_output(node, real))
         self.nodes.arm_leaves()

@@ -11,6 +11,7 @@ explaining — happens in the `Detector` and its pieces, on the rare path.
 """
 from __future__ import annotations
 
+import cmath
 import math
 
 import torch
@@ -49,10 +50,12 @@ def _finite(t: torch.Tensor) -> bool:
         return True
     if _jit_tracing() is not None:  # torch.jit.trace records every op run, a check's too
         return True
-    if not t.is_floating_point() or t.numel() == 0:
+    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
         return True
     try:
-        return math.isfinite(t.item() if t.dim() == 0 else t.sum().item())  # (a loss: no sum to make)
+        value = t.item() if t.dim() == 0 else t.sum().item()  # (a loss: no sum to make)
+        # (Complex values: a spectrum; its gradients carry a NaN through torch.stft's backward.)
+        return cmath.isfinite(value) if isinstance(value, complex) else math.isfinite(value)
     except (RuntimeError, NotImplementedError):  # meta and fake tensors hold no values to check
         return True
 

@@ -119,7 +119,7 @@ class Recorder:
         if self.latest_backward is None:
             return
         for g in gradients:
-            if isinstance(g, torch.Tensor) and g.is_floating_point() and self.records.get(g) is None \
+            if isinstance(g, torch.Tensor) and (g.is_floating_point() or g.is_complex()) and self.records.get(g) is None \
                     and not all_finite(g):
                 self.records.put(g, self.latest_backward)
 
@@ -139,7 +139,7 @@ class Recorder:
         for t in tensors_of((*args, *kwargs.values())):
             record = self.records.get(t)
             if record is None:
-                if not t.is_floating_point() or all_finite(t):
+                if not (t.is_floating_point() or t.is_complex()) or all_finite(t):
                     continue
                 if storage_key(t) == storage_key(out):
                     return None  # an in-place op's own input: it holds what the op just made
@@ -175,7 +175,8 @@ class Recorder:
                 parents += self.records.all_of(t)
                 continue
             value = before if name == overwritten else t
-            if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
+            if (value.is_floating_point() or value.is_complex()) and value.numel() \
+                    and not bool(torch.isfinite(value).all()):
                 # (Every record of what it covers: slices of it written separately.)
                 recorded = self.records.all_of(t)
                 if recorded:
@@ -281,6 +282,9 @@ class Recorder:
         source = next(filter(None, (self.records.get(a) for a in tensors_of(args))), None)
         if source is None:
             return
+        if _selects_by_mask(args) and isinstance(out, torch.Tensor) and all_finite(out):
+            _mark_births(source, "masked")  # `snr[~torch.isnan(snr)]`: the non-finite values were left out
+            return
         for item in (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, (tuple, list)) else ():
             if isinstance(item, torch.Tensor):
                 self.records.put(item, source)
@@ -361,6 +365,11 @@ def _mark_births(record: Record, fact: str) -> None:
         if not parents:
             setattr(r.facts, fact, True)
         stack.extend(parents)
+
+
+def _selects_by_mask(args) -> bool:
+    """Does the op select elements by a boolean mask (`x[mask]`, `masked_select`)?"""
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in tensors_of(args))
 
 
 def _accidents_survive_the_fill(args, kwargs, out: torch.Tensor) -> bool:

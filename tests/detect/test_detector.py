@@ -332,6 +332,31 @@ class TestBackward:
         assert torch.isfinite(w).all(), "the bad update must not have been applied"
 
 
+class TestComplexValues:
+    """Gradients through a spectrum are complex: a non-finite one keeps its record on the
+    way, so backward op by op (the replay's) and node by node find the same root."""
+
+    @staticmethod
+    def _magnitude(safe: bool):
+        def spectrum():
+            gain = torch.nn.Parameter(torch.ones(64))
+            audio = torch.cat([torch.zeros(32), torch.linspace(-1, 1, 32)])  # leading silence
+            spec = torch.stft(audio * gain, 16, hop_length=4, window=torch.hann_window(16), return_complex=True)
+            mag = spec.abs() if safe else torch.sqrt(spec.real ** 2 + spec.imag ** 2)  # sqrt(0) in the silence
+            mag.mean().backward()
+
+        return spectrum
+
+    @pytest.mark.parametrize("by_node", [True, False])
+    def test_a_sqrt_of_a_silent_spectrum_is_rooted_at_its_backward_either_way(self, by_node):
+        d = detect(self._magnitude(safe=False), backward_by_node=by_node).detection
+        assert d.root.backward_node == "SqrtBackward0" and d.root.op == "aten.div.Tensor"
+
+    @pytest.mark.parametrize("by_node", [True, False])
+    def test_near_miss_the_complex_abs_of_a_silent_spectrum_is_clean(self, by_node):
+        assert not detect(self._magnitude(safe=True), backward_by_node=by_node).stopped
+
+
 class TestSetupPhases:
     """Before training, setting up the model is init; everything else prepares data."""
 

@@ -258,6 +258,29 @@ class TestDivision:
         assert "DivBackward0" in cause.explanation and "where" in cause.fix
 
     @staticmethod
+    def _ratio_without_nans(safe: bool):
+        """SI-SNR's projection onto the target, over the target's energy: 0/0 for a silent
+        target, squared on the way to the loss, which keeps only the items that are not NaN
+        (backward of the square multiplies by the NaN projection it saved)."""
+        est = torch.nn.Parameter(torch.tensor([[1.0, 2.0], [0.5, -1.0]]))
+        target = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+
+        def loss():
+            energy = target.pow(2).sum(-1, keepdim=True)
+            projection = (est * target).sum(-1, keepdim=True) * target / (energy.clamp_min(1e-8) if safe else energy)
+            power = projection.pow(2).sum(-1)
+            return -power[~torch.isnan(power)].mean()
+
+        return train_steps(loss, [est])
+
+    def test_nans_filtered_out_by_a_boolean_index_leak_into_the_gradient(self):
+        cause = cause_of(self._ratio_without_nans(safe=False))
+        assert cause.id == "masked_inf_gradient_leak" and "`div`" in cause.explanation
+
+    def test_near_miss_a_guarded_energy_leaves_nothing_to_filter(self):
+        assert stays_clean(self._ratio_without_nans(safe=True))
+
+    @staticmethod
     def _entropy_of_attention(safe: bool):
         """An attention entropy over the valid positions: p = 0 where padded."""
         scores = torch.nn.Parameter(torch.randn(2, 4))
