@@ -937,27 +937,30 @@ class TestSentinelsInCopiesAndCheckpoints:
 
         assert not detect(ema_copy).stopped
 
-    def test_a_checkpoint_loaded_after_the_optimizer_is_made_is_still_init(self, tmp_path):
+    def _checkpoint_with(self, value: float, path):
+        """The Tracker's weights saved with one bad value in `lin.weight`."""
         state = self.Tracker().state_dict()
-        state["lin.weight"][0, 1] = float("nan")
-        torch.save(state, tmp_path / "bad.pt")
+        state["lin.weight"][0, 1] = value
+        torch.save(state, path)
+        return path
+
+    def test_a_checkpoint_loaded_after_the_optimizer_is_made_is_still_init(self, tmp_path):
+        checkpoint = self._checkpoint_with(float("nan"), tmp_path / "bad.pt")
 
         def resume():
             model = self.Tracker()
             torch.optim.SGD(model.parameters(), lr=0.1)  # training has started
-            model.load_state_dict(torch.load(tmp_path / "bad.pt"))
+            model.load_state_dict(torch.load(checkpoint))
 
         result = detect(resume)
         assert result.stopped and result.detection.root.phase == "init"
 
     def test_near_miss_a_checkpoint_with_an_inf_among_its_weights_is_still_a_bad_parameter(self, tmp_path):
-        state = self.Tracker().state_dict()
-        state["lin.weight"][0, 1] = float("inf")
-        torch.save(state, tmp_path / "bad.pt")
+        checkpoint = self._checkpoint_with(float("inf"), tmp_path / "bad.pt")
 
         def resume():
             model = self.Tracker()
-            model.load_state_dict(torch.load(tmp_path / "bad.pt"))
+            model.load_state_dict(torch.load(checkpoint))
             model.lin(torch.ones(1, 2)).sum().backward()
 
         result = detect(resume)
