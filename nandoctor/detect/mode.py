@@ -123,6 +123,14 @@ class CheckingMode(TorchDispatchMode):
                 # Autograd numbered a node for this op: remember the forward line for backward.
                 created = seq - 1
                 d.sites.note(seq, (d.locator.user_frame(1), d.modules.current))
+        elif d.sites.last_seq != (seq := _sequence_nr()):
+            # A graph built inside backward: the forward that reentrant checkpointing runs
+            # again there (the user's own line, under its node), or a double backward.
+            own = d.locator.user_frame_inside_backward(1)
+            if own is not None:
+                d.sites.note(seq, (own, d.modules.current))
+            else:
+                d.sites.last_seq = seq  # (torch's own formulas: no line of the user's to give)
         inplace, before = kind is OpKind.CHECKED_INPLACE, None
         if inplace:
             before, kind = _before(args), OpKind.CHECKED

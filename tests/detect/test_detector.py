@@ -332,6 +332,26 @@ class TestBackward:
         assert torch.isfinite(w).all(), "the bad update must not have been applied"
 
 
+class TestReentrantCheckpointing:
+    """`checkpoint(..., use_reentrant=True)` runs the forward again inside backward: the
+    nodes built there get the user's forward line, as the first forward's would."""
+
+    @pytest.mark.parametrize("by_node", [True, False])
+    def test_a_sqrt_at_zero_recomputed_in_backward_is_reported_at_its_forward_line(self, by_node):
+        from torch.utils.checkpoint import checkpoint
+
+        class Radius(torch.nn.Module):
+            def forward(self, x):
+                return (x * x).sum(-1, keepdim=True).sqrt()  # MARK-recomputed
+
+        def train():
+            points = torch.nn.Parameter(torch.cat([torch.ones(2, 3), torch.zeros(2, 3)]))  # padding at 0
+            checkpoint(Radius(), points * 1.0, use_reentrant=True).sum().backward()
+
+        d = detect(train, backward_by_node=by_node).detection
+        assert d.root.backward_node == "SqrtBackward0" and d.root.location.line == line_of("MARK-recomputed")
+
+
 class TestComplexValues:
     """Gradients through a spectrum are complex: a non-finite one keeps its record on the
     way, so backward op by op (the replay's) and node by node find the same root."""
