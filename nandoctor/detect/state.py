@@ -28,6 +28,10 @@ class StepHistory:
         if len(self.steps) > self.size:
             del self.steps[0], self.loss[0], self.grad_norm[0]
 
+    def drop_last(self, count: int) -> None:
+        if count:
+            del self.steps[-count:], self.loss[-count:], self.grad_norm[-count:]
+
     def as_report(self) -> History:
         return History(list(self.steps), list(self.loss), list(self.grad_norm))
 
@@ -48,6 +52,8 @@ class TrainingState:
         self.clipped_from = None  # the norm clip_grad_norm_ measured this step, a tensor
         self.transforms: set[str] = set()  # torch.func transforms ran backward/grad (not checked there)
         self.transform_depth = 0  # > 0 inside a function torch.func differentiates or maps
+        self.backwards_without_optimizer = 0  # backward() calls while no optimizer exists
+        self._entries_without_step = 0
 
     @property
     def step_or_none(self) -> int | None:
@@ -86,11 +92,21 @@ class TrainingState:
         self.training_started = True
 
     def note_loss(self, value: float) -> None:
-        """The first loss of a step is the one its history keeps."""
+        """The first loss of a step is the one its history keeps. With no optimizer (an
+        update loop written by hand: `w -= lr * w.grad`), each backward is a step of the
+        history, so a loss that grows step after step shows there too."""
+        if not self.optimizer_seen:
+            self.backwards_without_optimizer += 1
+            self.history.add(self.backwards_without_optimizer, value, None)
+            self._entries_without_step += 1  # (taken back should an optimizer step follow after all)
         if self.pending_loss is None:
             self.pending_loss = value
 
     def step_finished(self) -> None:
+        # An optimizer made before nandoctor started is seen at its first step: the
+        # backward passes before it are that step's, not steps of their own.
+        self.history.drop_last(self._entries_without_step)
+        self._entries_without_step = 0
         self.step += 1
         self.backward_started = False
         self.history.add(self.step, self.pending_loss, self.pending_grad_norm)

@@ -371,6 +371,33 @@ class TestExpAndOverflow:
         assert cause.id == "exploding_gradient"
         assert "clip_grad_norm_" in cause.fix and "→" in cause.explanation
 
+    @staticmethod
+    def _sgd_by_hand(lr: float):
+        """`w -= lr * w.grad` under no_grad (as `sub_`: a closure cannot rebind `w`): no
+        optimizer counts the steps."""
+        torch.manual_seed(0)
+        x = torch.randn(64, 3) * 100
+        y = x @ torch.tensor([1.0, -2.0, 3.0])
+        w = torch.zeros(3, requires_grad=True)
+
+        def train():
+            for _ in range(40):
+                loss = ((x @ w - y) ** 2).mean()
+                loss.backward()
+                with torch.no_grad():
+                    w.sub_(lr * w.grad)
+                    w.grad.zero_()
+            read_back(w)
+
+        return train
+
+    def test_a_loss_that_grows_in_an_update_loop_written_by_hand_is_an_exploding_gradient(self):
+        cause = cause_of(self._sgd_by_hand(lr=0.5))
+        assert cause.id == "exploding_gradient" and "backward passes" in cause.explanation
+
+    def test_near_miss_the_same_loop_with_a_small_learning_rate_is_clean(self):
+        assert stays_clean(self._sgd_by_hand(lr=1e-5))
+
     def test_near_miss_a_single_overflow_without_history_is_a_plain_overflow(self):
         a = torch.full((1, 2), 3e30, requires_grad=True)
         cause = cause_of(lambda: torch.mm(a, torch.full((2, 1), 3e30)).sum().backward())

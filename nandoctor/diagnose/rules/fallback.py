@@ -52,12 +52,21 @@ def exploding_gradient(ev: Evidence) -> Cause | None:
     return Cause(
         "exploding_gradient",
         "exploding gradients: the values grew geometrically until they overflowed",
-        f"{'; '.join(series).capitalize()}. At step {ev.step} `{ev.op}` at {ev.where} overflowed "
+        f"{'; '.join(series).capitalize()}. {_when(ev)} `{ev.op}` at {ev.where} overflowed "
         f"{ev.dtype} ({fmt(FLOAT_MAX.get(ev.dtype))}). Each update overshoots the minimum by more than it corrects: "
         "the learning rate is too large for the scale of the inputs.",
         "Lower the learning rate (try 10-100x smaller), normalise the inputs/targets (zero mean, unit variance), "
         "and clip gradients before the step: `torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`.",
     )
+
+
+def _when(ev: Evidence) -> str:
+    """`At step 12`, or, in an update loop written by hand (no optimizer to count steps),
+    `After 12 backward passes`."""
+    if ev.step is not None:
+        return f"At step {ev.step}"
+    passes = ev.history.steps[-1] if ev.history.steps else 0  # (the history keeps only the last ones)
+    return f"After {passes} backward pass{'es' if passes != 1 else ''}"
 
 
 @fallback_rule
