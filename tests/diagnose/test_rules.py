@@ -38,6 +38,29 @@ for _ in range(2):
 """
 
 
+# An RMSprop by hand with no epsilon: the row never looked up keeps v = 0 (line 11).
+RMSPROP_BY_HAND = """\
+import torch
+
+class RmsProp(torch.optim.Optimizer):
+    def __init__(self, params):
+        super().__init__(params, dict(lr=0.01))
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.param_groups[0]["params"]:
+            v = self.state[p].setdefault("v", torch.zeros_like(p)).mul_(0.9).addcmul_(p.grad, p.grad, value=0.1)
+            p.sub_(0.01 * p.grad * torch.rsqrt(v))
+
+table = torch.nn.Embedding(4, 2)
+opt = RmsProp(table.parameters())
+for _ in range(2):
+    opt.zero_grad()
+    table(torch.tensor([0, 1])).sum().backward()
+    opt.step()
+"""
+
+
 def reading(fn):
     """`fn`, whose result the script then reads back (prints, logs): a value nobody reads
     never matters, so the cases below read theirs."""
@@ -587,6 +610,12 @@ class TestContext:
         report = run_nandoctor(["run", "lars.py"], tmp_path).report
         assert report["root"]["phase"] == "optimizer" and report["root"]["location"]["line"] == 10
         assert report["cause"]["id"] == "div_by_zero"
+
+    def test_rsqrt_of_a_zero_second_moment_in_an_optimizer_the_script_wrote_is_no_variance(self, tmp_path):
+        (tmp_path / "rmsprop.py").write_text(RMSPROP_BY_HAND)
+        report = run_nandoctor(["run", "rmsprop.py"], tmp_path).report
+        assert report["root"]["op"] == "aten.rsqrt.default" and report["root"]["location"]["line"] == 11
+        assert report["cause"]["id"] == "div_by_zero" and "second moment" in report["cause"]["title"]
 
     def test_softmax_over_a_fully_masked_row_is_inf_arithmetic(self):
         scores = torch.randn(2, 3)

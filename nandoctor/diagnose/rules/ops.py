@@ -332,8 +332,22 @@ def sqrt_rule(ev: Evidence) -> Cause | None:
             "(a variance computed as E[x²]-E[x]² can round below 0: use `torch.var`).",
         )
     if ev.op == "rsqrt" and x.zeros:
-        return zero_variance(ev)
+        return zero_second_moment(ev, x) if ev.facts.own_optimizer else zero_variance(ev)
     return None
+
+
+def zero_second_moment(ev: Evidence, x) -> Cause:
+    """rsqrt inside an optimizer the script wrote (Adafactor, RMSprop by hand): the second
+    moment of a parameter that got no gradient is 0, not a constant input's variance."""
+    return Cause(
+        "div_by_zero",
+        "rsqrt of a second moment that is 0",
+        f"At {ev.where} ({ev.code}), inside the script's own optimizer step, {count_of(x.zeros, x)} values under "
+        f"rsqrt are 0: 1/sqrt(0) = Inf ({_out(ev)}). A running mean of squared gradients stays 0 where a "
+        "parameter gets no gradient (an embedding row never looked up, a head whose loss weight is 0).",
+        "Add an epsilon where the update divides by the root: `torch.rsqrt(v + 1e-30)` (Adafactor's eps1) or "
+        "`g / (v.sqrt() + 1e-8)`.",
+    )
 
 
 @op_rule("pow", "float_power", nodes=("PowBackward",))
