@@ -121,8 +121,8 @@ class StepWatcher(Observer):
         pass over them. A trained model's are not: its gradients were checked at every step
         and its parameters are checked when the script ends."""
         trained = {id(p) for opt in self._optimizers for group in opt.param_groups for p in group["params"]}
-        averaged = [p for p in module.parameters() if id(p) not in trained and p.is_floating_point() and not p.is_meta]
-        if averaged and not all(bool(torch.isfinite(p).all()) for p in averaged):
+        averaged = [p for p in module.parameters() if id(p) not in trained]
+        if not _all_finite(averaged):
             self._stop("exported", None, None, self.locator.user_frame(2))
 
     def raised_over(self, error: BaseException) -> WatchFinding | None:
@@ -159,7 +159,12 @@ class StepWatcher(Observer):
         params = [p for opt in self._optimizers for g in opt.param_groups for p in g["params"]]
         if not params:
             return None
-        return all(bool(torch.isfinite(p).all()) for p in params if p.is_floating_point())
+        return _all_finite(params)
+
+
+def _all_finite(params) -> bool:
+    """Every element of every floating-point parameter finite (exact; meta ones hold none)."""
+    return all(bool(torch.isfinite(p).all()) for p in params if p.is_floating_point() and not p.is_meta)
 
 
 def _as_floats(values: list[torch.Tensor]) -> list[float]:

@@ -30,15 +30,19 @@ def subject(detection: Detection) -> str:
 # every line says it the same way ("after 25 optimizer steps"), never as a 1-based "step 26".
 
 
+# What watch mode finds in the weights themselves, outside a step's loss and gradients.
+_WEIGHTS = ("parameters", "exported")
+
+
 def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
     value = "weights a state_dict() handed out" if what == "exported" else what
     return (f"{mode} mode: the {value} went non-finite {steps_done(step)}"
-            + (" (the update was not applied)" if weights_clean and what in ("loss", "gradient") else "")
+            + (" (the update was not applied)" if weights_clean and what not in _WEIGHTS else "")
             + "; re-running the script under --mode trace to find the op...")
 
 
 def reproduced(mode: str, what: str, step: int) -> str:
-    seen = f"found {_seen(what, step)}" if what in ("parameters", "exported") else f"stopped on {_seen(what, step)}"
+    seen = f"found {_seen(what, step)}" if what in _WEIGHTS else f"stopped on {_seen(what, step)}"
     return f"{mode} mode {seen}; a seeded replay checking every op found the op above."
 
 
@@ -87,7 +91,7 @@ def nonreproducible_watch(finding: WatchFinding, replay_ran_clean: bool) -> Caus
     """Watch mode saw a non-finite loss or gradient; the replay under trace did not."""
     how = "ran clean" if replay_ran_clean else "ended without a finding"
     seen = _seen(finding.what, finding.step)
-    if finding.what not in ("parameters", "exported"):
+    if finding.what not in _WEIGHTS:
         seen += f" (loss {fmt(finding.loss)}, gradient norm {fmt(finding.grad_norm)})"
     return _nonreproducible(
         f"Watch mode saw {seen}, but re-running the script from the start, with the same random "

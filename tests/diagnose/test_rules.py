@@ -15,50 +15,43 @@ from nandoctor.diagnose import build_report
 from nandoctor.stats import TensorSummary
 
 
-# A LARS written by hand whose trust ratio divides by a gradient norm that is 0 (line 10).
-LARS_BY_HAND = """\
+def optimizer_by_hand(update: str, loss: str) -> str:
+    """A training script with an optimizer it wrote itself: `update` is its step()'s body for
+    each parameter `p` (two lines: lines 10 and 11), `loss` what two steps train on."""
+    first, second = update.strip().splitlines()
+    return f"""\
 import torch
 
-class Lars(torch.optim.Optimizer):
+class ByHand(torch.optim.Optimizer):
     def __init__(self, params):
         super().__init__(params, dict(lr=0.1))
 
     @torch.no_grad()
     def step(self):
         for p in self.param_groups[0]["params"]:
-            trust = p.norm() / p.grad.norm()
-            p.sub_(p.grad * trust)
-
-w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
-opt = Lars([w])
-for _ in range(2):
-    opt.zero_grad()
-    (w * 0.0).sum().backward()
-    opt.step()
-"""
-
-
-# An RMSprop by hand with no epsilon: the row never looked up keeps v = 0 (line 11).
-RMSPROP_BY_HAND = """\
-import torch
-
-class RmsProp(torch.optim.Optimizer):
-    def __init__(self, params):
-        super().__init__(params, dict(lr=0.01))
-
-    @torch.no_grad()
-    def step(self):
-        for p in self.param_groups[0]["params"]:
-            v = self.state[p].setdefault("v", torch.zeros_like(p)).mul_(0.9).addcmul_(p.grad, p.grad, value=0.1)
-            p.sub_(0.01 * p.grad * torch.rsqrt(v))
+            {first.strip()}
+            {second.strip()}
 
 table = torch.nn.Embedding(4, 2)
-opt = RmsProp(table.parameters())
+opt = ByHand(table.parameters())
 for _ in range(2):
     opt.zero_grad()
-    table(torch.tensor([0, 1])).sum().backward()
+    ({loss}).backward()
     opt.step()
 """
+
+
+# A LARS trust ratio with no guard for a gradient norm of 0 (a head whose loss weight is 0).
+LARS_BY_HAND = optimizer_by_hand("""
+    trust = p.norm() / p.grad.norm()
+    p.sub_(p.grad * trust)
+""", "table(torch.tensor([0, 1])).sum() * 0.0")
+
+# An RMSprop with no epsilon: the rows never looked up keep a second moment of 0.
+RMSPROP_BY_HAND = optimizer_by_hand("""
+    v = self.state[p].setdefault("v", torch.zeros_like(p)).mul_(0.9).addcmul_(p.grad, p.grad, value=0.1)
+    p.sub_(0.01 * p.grad * torch.rsqrt(v))
+""", "table(torch.tensor([0, 1])).sum()")
 
 
 def reading(fn):
