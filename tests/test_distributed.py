@@ -61,6 +61,8 @@ def test_one_ranks_bad_batch_names_that_rank_its_step_and_sample(tmp_path, mode)
     assert report["cause"]["id"] == "nonfinite_input_data"
     assert "rank 0: stopped: rank 1 found a non-finite value at step 3" in proc.stderr
     assert proc.stderr.count("╭─ nandoctor") == 1  # the report is printed once, by the culprit
+    assert "ChildFailedError" not in proc.stderr and "Traceback" not in proc.stderr  # torchrun's own, about it
+    assert "closing signal" not in proc.stderr and "failed (exitcode: 3)" not in proc.stderr
     rank0 = _report(tmp_path, "r.rank0.json")
     assert rank0["distributed"]["culprit_rank"] == 1 and rank0["exit_code"] == 3
     assert elapsed < 60
@@ -136,6 +138,15 @@ def test_a_rank_the_launcher_stops_after_a_peer_died_says_so_not_clean(tmp_path)
     assert report["distributed"]["culprit_rank"] is None
     assert any("another rank's process most likely failed" in note for note in report["notes"])
     assert "was stopped by SIGTERM" in proc.stderr
+    assert elapsed < 60
+
+
+@launch
+def test_a_rank_killed_by_a_signal_gets_the_one_line_it_could_not_write_itself(tmp_path):
+    proc, elapsed = _launch(tmp_path, DIE_AT="2", DIE_WHILE="busy", DIE_HOW="kill")
+    assert proc.returncode == 143, proc.stderr[-3000:]  # rank 0's report: stopped by the launcher
+    assert "nandoctor: rank 1 was killed by SIGKILL" in proc.stderr
+    assert "ChildFailedError" not in proc.stderr
     assert elapsed < 60
 
 

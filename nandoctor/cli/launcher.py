@@ -1,6 +1,7 @@
 """`nandoctor run --nproc-per-node N`: launch the ranks through torch.distributed.run.
 
-No launcher of our own: torchrun starts N processes, each `python -m nandoctor run` with
+No launcher of our own: torchrun (run by quiet_torchrun, which keeps its traceback off a
+finding) starts N processes, each `python -m nandoctor run` with
 the same options (minus the launch ones), and each is watched (see distributed.py). The
 launch exits with the run report's status: 3 when any rank found a non-finite value,
 whatever torchrun itself makes of ranks that exited non-zero.
@@ -39,7 +40,7 @@ def rank_command(argv: list[str]) -> list[str]:
 
 
 def launch(rank_argv: list[str], options: dict, json_path: Path | None) -> int:
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(options["nproc_per_node"])]
+    torchrun = [sys.executable, "-m", "nandoctor.cli.quiet_torchrun", "--nproc-per-node", str(options["nproc_per_node"])]
     for name in ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id"):
         if options.get(name) is not None:
             torchrun += [f"--{name.replace('_', '-')}", str(options[name])]

@@ -6,9 +6,10 @@
 #   DIE_AT=2      rank 1's process dies at step 2, a second in, while rank 0 waits for it in
 #                 the step's all-reduce (no NaN anywhere: a dead peer; rank 0's collective fails);
 #                 with DIE_WHILE=busy rank 1 dies at once while rank 0 is still busy with its
-#                 own work (no collective fails: the launcher's SIGTERM stops rank 0).
+#                 own work (no collective fails: the launcher's SIGTERM stops rank 0);
+#                 with DIE_HOW=kill it is SIGKILLed (as the OOM killer does) instead of exiting 9.
 # EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
-import os, sys, time
+import os, signal, sys, time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -44,6 +45,8 @@ for epoch in range(int(os.environ.get("EPOCHS", "1"))):
         if step == int(os.environ.get("DIE_AT", "-1")):
             if rank == 1:
                 time.sleep(0 if busy else 1)
+                if os.environ.get("DIE_HOW") == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(9)
             elif busy:
                 time.sleep(60)
