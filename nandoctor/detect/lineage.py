@@ -17,7 +17,7 @@ from nandoctor.detect.result import Detection, Site, StopReason
 def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record], locator: SourceLocator,
             needs_replay: bool = False, flagged_suspects: list[Record] = ()) -> Detection:
     chain = _ancestry(event, forward_by_node)
-    _gradient_work(chain)
+    _update_work(chain)
     root = chain[-1]
     intended = next((p for p in root.parents if p.intended or _legit_for(root, p)), None)
     if intended is not None:
@@ -64,20 +64,23 @@ def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]
     return chain
 
 
-def _gradient_work(chain: list[Record]) -> None:
-    """The scalars a hand-written gradient normalisation computes on its way to `p.grad`
-    (`p.grad.mul_(1 / p.grad.norm())`: the reciprocal) are part of that work: backward,
-    like the write they feed. An op feeding such work is one of them when it built no
-    graph, ran outside any module and in the same step."""
-    feeds_gradient = False
+def _update_work(chain: list[Record]) -> None:
+    """What the script computes on its way to a gradient or a weight it writes by hand is
+    part of that work, in that phase: the scalars of a hand-written gradient normalisation
+    (`p.grad.mul_(1 / p.grad.norm())`: the reciprocal) are backward; the step of SAM's
+    perturbation (`p.add_(rho * p.grad / p.grad.norm())`: the division) or of an SGD by hand
+    is the optimizer's. An op feeding such work is one of them when it built no graph, ran
+    outside any module and in the same step."""
+    work = None  # the phase of the hand-written work the values below feed, if any
     for child, parent in zip(chain, chain[1:]):  # (the event first: each parent after its child)
-        feeds_gradient = feeds_gradient or (child.phase == "backward" and bool(child.op)
-                                            and child.backward_node is None)
-        if not (feeds_gradient and parent.phase == "forward" and parent.module is None
+        if child.phase in ("backward", "optimizer") and child.op and child.backward_node is None:
+            work = work or child.phase
+        if not (work and parent.phase == "forward" and parent.module is None
                 and parent.node_seq is None and parent.step == child.step):
-            feeds_gradient = False
+            work = None
             continue
-        parent.phase = "backward"
+        parent.phase = work
+        parent.facts.own_optimizer = work == "optimizer"
 
 
 def birth_of(record: Record) -> Record:

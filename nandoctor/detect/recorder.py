@@ -83,6 +83,8 @@ class Recorder:
         output = summarize(out, "output")
         phase = self.phase(node, args)
         facts.own_optimizer = phase == "optimizer" and self.locator.in_own_optimizer()
+        if phase == "forward" and module is None and _updates_weight_by_hand(func, args):
+            phase, facts.own_optimizer = "optimizer", True
         record = Record(
             op=op_name(func), phase=phase, where=where, module=module,
             backward_node=node_name, node_seq=seq, step=self.state.step_or_none, output=output, inputs=inputs,
@@ -445,3 +447,15 @@ def _inputs_named(name: str, value: Any, tensor_typed: bool):
 
 def _one_infinity_only(summary: TensorSummary) -> bool:
     return summary.nan == 0 and summary.numel > 0 and summary.numel in (summary.posinf, summary.neginf)
+
+
+def _updates_weight_by_hand(func, args) -> bool:
+    """Is this in-place op, run outside any module with grad mode off, writing a trained
+    weight (a leaf that requires grad)? That is an update step the script wrote itself
+    (`w -= lr * w.grad`, SAM's perturbation, WGAN's weight clipping): its optimizer phase,
+    though no `optimizer.step()` runs it."""
+    if torch.is_grad_enabled() or not args or not isinstance(args[0], torch.Tensor):
+        return False
+    written = func._schema.arguments[0].alias_info
+    weight = args[0]
+    return written is not None and written.is_write and weight.is_leaf and weight.requires_grad

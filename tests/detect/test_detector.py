@@ -669,6 +669,50 @@ class TestPhasesAndSteps:
         root = detect(train).detection.root
         assert root.op == "aten.reciprocal.default" and root.phase == "backward"
 
+    @staticmethod
+    def _sam_first_step(write_weight: bool):
+        """SAM by hand: `p.add_(rho * p.grad / p.grad.norm())` outside any optimizer step,
+        with a head whose gradient is still exactly 0 (0/0)."""
+        head = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(head.parameters(), lr=0.1)
+
+        def train():
+            loss = head(torch.ones(3, 2)).sum() * 0.0
+            opt.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in head.parameters():
+                    e = 0.05 * p.grad / p.grad.norm()
+                    if write_weight:
+                        p.add_(e)
+                    else:
+                        read_back(e)  # a diagnostic the script prints: not an update
+            opt.step()
+
+        return detect(train).detection
+
+    def test_a_weight_update_written_by_hand_and_what_it_computes_are_the_optimizers(self):
+        detection = self._sam_first_step(write_weight=True)
+        assert [(s.op, s.phase) for s in detection.lineage] == [
+            ("aten.div.Tensor", "optimizer"), ("aten.add_.Tensor", "optimizer")]
+        assert detection.root.facts.own_optimizer  # the script's own code: the op's cause, not a setting
+
+    def test_near_miss_the_same_division_read_as_a_diagnostic_stays_forward(self):
+        root = self._sam_first_step(write_weight=False).root
+        assert root.op == "aten.div.Tensor" and root.phase == "forward"
+
+    def test_near_miss_a_weight_read_outside_a_module_under_no_grad_is_not_an_update(self):
+        w = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def evaluate():
+            w.sum().backward()
+            opt.step()  # w = [-0.1, 0.9]
+            with torch.no_grad():
+                read_back(torch.log(w))  # reads the weight, writes nothing
+
+        assert detect(evaluate).detection.root.phase == "forward"
+
     def test_a_module_name_is_recorded(self):
         class Head(torch.nn.Module):
             def forward(self, x):
