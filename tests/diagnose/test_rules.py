@@ -530,6 +530,27 @@ class TestContext:
         assert cause.id == "mask_value_used" and "sentinel" in cause.title
 
     @staticmethod
+    def _replay_buffer(sample_filled_only: bool):
+        """A replay buffer whose empty slots hold a NaN placeholder, sampled for a batch."""
+        layer = torch.nn.Linear(3, 1)
+        filled = 3 if sample_filled_only else 8
+
+        def train():
+            buffer = torch.full((8, 3), float("nan"))
+            buffer[:3] = torch.randn(3, 3)
+            layer(buffer[torch.arange(filled)]).sum().backward()
+
+        return train
+
+    def test_a_nan_placeholder_that_reaches_the_model_is_a_value_written_on_purpose_used(self):
+        cause = cause_of(self._replay_buffer(sample_filled_only=False))
+        assert cause.id == "mask_value_used" and "placeholder" in cause.title
+        assert "torch.full((8, 3)" in cause.explanation and "Inf" not in cause.explanation
+
+    def test_near_miss_a_buffer_sampled_from_its_filled_slots_only_is_clean(self):
+        assert stays_clean(self._replay_buffer(sample_filled_only=True))
+
+    @staticmethod
     def online_logsumexp(scores: torch.Tensor, chunk: int) -> torch.Tensor:
         """logsumexp chunk by chunk, as flash attention does: a running max from -inf."""
         m = torch.tensor([float("-inf")] * scores.shape[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from nandoctor.diagnose import words
-from nandoctor.diagnose.evidence import FLOAT_MAX, Evidence, fmt
+from nandoctor.diagnose.evidence import FLOAT_MAX, OVERWRITTEN_SUFFIX, Evidence, fmt
 from nandoctor.diagnose.registry import fallback_rule
 from nandoctor.report.model import Cause
 
@@ -67,6 +67,28 @@ def _when(ev: Evidence) -> str:
         return f"At step {ev.step}"
     passes = ev.history.steps[-1] if ev.history.steps else 0  # (the history keeps only the last ones)
     return f"After {passes} backward pass{'es' if passes != 1 else ''}"
+
+
+@fallback_rule
+def placeholder_used(ev: Evidence) -> Cause | None:
+    """The op received NaN the script wrote on purpose (`torch.full(..., nan)` marking empty
+    slots or missing values) and computed with it: nothing made a NaN here, a placeholder
+    was used as a number (the slot was never filled, or never masked out)."""
+    born = words.inf_source(ev.facts)
+    bad = [s for s in ev.root.inputs if s.nonfinite and not s.name.endswith(OVERWRITTEN_SUFFIX)]
+    if not born or not bad or any(s.posinf or s.neginf for s in bad):
+        return None
+    return Cause(
+        "mask_value_used",
+        "a NaN written on purpose (a placeholder) was used as a number",
+        f"At {ev.where} ({ev.code}) `{ev.op}` computed with NaN written on purpose at {born}: "
+        + "; ".join(f"`{s.name}` held {s.nan} NaN" for s in bad) + ". A NaN that marks an empty slot or a missing "
+        "value is meant to be selected out (`x[~torch.isnan(x)]`, a count of the filled slots) or replaced before any "
+        "arithmetic; here it reached the model or the loss: entries that were never filled were used.",
+        "Use only the filled entries (index with the filled count or a validity mask: `buf[:n_filled]`, "
+        "`x[valid]`), or replace the placeholder before use (`torch.nan_to_num(x, nan=0.0)`, "
+        "`torch.where(torch.isnan(x), fill, x)`) and mask those positions out of the loss.",
+    )
 
 
 @fallback_rule
