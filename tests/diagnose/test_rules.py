@@ -266,6 +266,16 @@ class TestDivision:
 
         assert stays_clean(fine)
 
+    def test_the_inverse_of_a_probability_that_underflowed_is_a_division_by_zero_in_all_but_name(self):
+        # Inverse-probability weights of a softmax whose smallest entry underflowed to a denormal.
+        p = torch.softmax(torch.tensor([0.0, -93.0, 1.0]), 0)
+        cause = cause_of(lambda: 1.0 / p)
+        assert cause.id == "div_by_zero" and "all but name" in cause.title and "clamp_min" in cause.fix
+
+    def test_near_miss_a_large_numerator_over_a_modest_divisor_is_an_overflow(self):
+        cause = cause_of(lambda: torch.tensor([3e38, 1.0]) / torch.tensor([0.5, 2.0]))
+        assert cause.id == "float_overflow"
+
     def test_masked_division_after_the_fact_leaks_into_the_gradient(self):
         pred = torch.nn.Parameter(torch.randn(6))
         target = torch.tensor([1.0, 0.0, 2.0, 0.0, 3.0, 1.0])

@@ -7,10 +7,11 @@ line whose backward failed).
 from __future__ import annotations
 
 import linecache
+import math
 import re
 
 from nandoctor.diagnose import words
-from nandoctor.diagnose.evidence import EXP_LIMIT, Evidence, count_of, fmt
+from nandoctor.diagnose.evidence import EXP_LIMIT, FLOAT_MAX, Evidence, count_of, fmt
 from nandoctor.diagnose.registry import op_rule
 from nandoctor.report.model import Cause
 
@@ -103,7 +104,9 @@ def _out(ev: Evidence) -> str:
 def div_by_zero(ev: Evidence) -> Cause | None:
     den = ev.input("other", "divisor") or (ev.input("self") if ev.op == "reciprocal" else None)
     num = ev.input("self") if ev.op != "reciprocal" else None
-    if den is None or not den.zeros:
+    if den is not None and not den.zeros:
+        return _near_zero_divisor(ev, num, den)
+    if den is None:
         return None
     producer = _producer(ev, den.name) or ""
     if producer.startswith(("Std", "Var")) or _divides_by_a_spread(ev):
@@ -119,6 +122,42 @@ def div_by_zero(ev: Evidence) -> Cause | None:
         "Guard the denominator: `x / d.clamp_min(eps)` or `x / (d + eps)`; for a max/sum normaliser, "
         "skip or special-case empty inputs (`d = m.max(); m / d if d > 0 else m`).",
     )
+
+
+def _near_zero_divisor(ev: Evidence, num, den) -> Cause | None:
+    """A quotient that overflowed because the divisor is tiny, not because the numerator is
+    large: `1 / p` of a probability that underflowed to a denormal (3e-41) is x/0 in all but
+    name, and its fix is the denominator's guard, not a wider dtype."""
+    smallest = _smallest_magnitude(den)
+    limit = FLOAT_MAX.get(ev.dtype)
+    if smallest is None or limit is None or ev.dtype == "float16" or not ev.made_inf() or not ev.inputs_finite():
+        return None  # (float16's narrow range makes ordinary quotients overflow: fp16_overflow's)
+    numerator = 1.0 if num is None else max(abs(num.min or 0.0), abs(num.max or 0.0))
+    moderate = numerator <= math.sqrt(limit) and smallest <= 1 / math.sqrt(limit)
+    if not moderate or numerator / smallest < limit:
+        return None  # a large numerator, or a divisor that is merely small: an overflow
+    return Cause(
+        "div_by_zero",
+        "division by a value that is zero in all but name",
+        f"At {ev.where} ({ev.code}) the smallest denominator is {fmt(smallest)}: not 0, but so close to it that "
+        f"dividing by it exceeds {ev.dtype}'s range ({fmt(limit)}) although no numerator is larger than "
+        f"{fmt(numerator)}. Result: {_out(ev)}. Such a value is usually one that underflowed (a softmax "
+        "probability, an exp of a large negative number).",
+        "Guard the denominator: `x / d.clamp_min(eps)` or `x / (d + eps)`; for inverse probabilities, clamp the "
+        "probability (`1 / p.clamp_min(1e-6)`), or normalise the weights in log space: `(1 / p) / (1 / p).sum()` is "
+        "`torch.softmax(-log_p, 0)`, which never forms 1 / p.",
+    )
+
+
+def _smallest_magnitude(summary) -> float | None:
+    """The smallest |x| of a summary's finite values, when min and max tell it (one sign)."""
+    if summary.min is None or summary.max is None:
+        return None
+    if summary.min > 0:
+        return summary.min
+    if summary.max < 0:
+        return -summary.max
+    return None
 
 
 @op_rule("nll_loss_forward", "nll_loss2d_forward")
