@@ -38,7 +38,8 @@ def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
     value = "weights a state_dict() handed out" if what == "exported" else what
     return (f"{mode} mode: the {value} went non-finite {steps_done(step)}"
             + (" (the update was not applied)" if weights_clean and what not in _WEIGHTS else "")
-            + "; re-running the script under --mode trace to find the op...")
+            + ("; re-running the script, checking each op inside optimizer.step(), to find the op..." if mode == "trace"
+               else "; re-running the script under --mode trace to find the op..."))
 
 
 def reproduced(mode: str, what: str, step: int) -> str:

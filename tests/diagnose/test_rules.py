@@ -121,6 +121,21 @@ class TestLogNonpositive:
         cause = cause_of(lambda: torch.log(1 - torch.tensor([0.5, 1.0])))
         assert "rounds" not in cause.explanation and "logsigmoid" not in cause.fix
 
+    def test_log_of_one_minus_a_saturated_sigmoid_points_at_log_sigmoid(self):
+        logits = torch.nn.Parameter(torch.tensor([2.0, 20.0]))  # sigmoid(20) is 1.0 in float32
+        cause = cause_of(lambda: torch.log(1 - torch.sigmoid(logits)))
+        assert "`1 - p`" in cause.explanation and cause.fix.startswith("Compute it in log space (`F.logsigmoid")
+
+    def test_log_of_a_running_sum_of_exps_that_underflowed_points_at_logcumsumexp(self):
+        risk = torch.nn.Parameter(torch.tensor([-700.0, -800.0]))  # a Cox risk set's scores
+        cause = cause_of(lambda: torch.log(torch.cumsum(torch.exp(risk), 0)))
+        assert "underflowed" in cause.explanation and "logcumsumexp" in cause.fix
+
+    def test_near_miss_a_log_of_a_sum_with_no_exp_on_its_line_says_nothing_of_underflow(self):
+        counts = torch.nn.Parameter(torch.tensor([0.0, 0.0]))
+        cause = cause_of(lambda: torch.log(torch.cumsum(counts, 0)))
+        assert "underflowed" not in cause.explanation and "logcumsumexp" not in cause.fix
+
     def test_log_backward_of_an_underflowed_softmax(self):
         logits = torch.nn.Parameter(torch.tensor([[200.0, 0.0, -200.0]]))
         cause = cause_of(lambda: -(torch.tensor([[0.0, 0.0, 1.0]]) * torch.log(torch.softmax(logits, -1))).sum().backward())
@@ -157,6 +172,13 @@ class TestDivision:
         cause = cause_of(lambda: ((x - x.mean(0)) / x.std(0)).sum())
         assert cause.id == "zero_variance"
         assert "eps" in cause.fix or "1e-5" in cause.fix
+        assert "cancelled" not in cause.explanation  # (float32: no word of 16-bit cancellation)
+
+    def test_a_bfloat16_zero_variance_may_have_cancelled_and_is_computed_in_float32(self):
+        x = torch.nn.Parameter(torch.ones(8, 3).bfloat16())
+        cause = cause_of(lambda: ((x - x.mean(0)) / x.std(0)).sum())
+        assert cause.id == "zero_variance" and "cancelled" in cause.explanation
+        assert cause.fix.startswith("Compute the statistics in float32")
 
     @pytest.mark.parametrize("normalise", [
         lambda x: (x - x.mean(0)) / x.std(0),
@@ -265,6 +287,16 @@ class TestDivision:
             return x
 
         assert stays_clean(fine)
+
+    def test_a_bfloat16_one_minus_beta_that_rounded_to_zero_says_so_and_computes_it_in_float32(self):
+        # Class-balanced weights: (1 - beta) / (1 - beta**n), beta = 0.999 is 1.0 in bfloat16.
+        beta, counts = torch.tensor(0.999).bfloat16(), torch.tensor([5.0, 50.0]).bfloat16()
+        cause = cause_of(lambda: (1 - beta) / (1 - beta ** counts))
+        assert cause.id == "div_by_zero" and "bfloat16" in cause.explanation and "float32" in cause.fix
+
+    def test_near_miss_a_float32_zero_denominator_says_nothing_of_rounding(self):
+        cause = cause_of(lambda: torch.ones(2) / torch.zeros(2))
+        assert "rounds" not in cause.explanation and cause.fix.startswith("Guard the denominator")
 
     def test_the_inverse_of_a_probability_that_underflowed_is_a_division_by_zero_in_all_but_name(self):
         # Inverse-probability weights of a softmax whose smallest entry underflowed to a denormal.
@@ -424,6 +456,26 @@ class TestExpAndOverflow:
     def test_near_miss_the_same_loop_with_a_small_learning_rate_is_clean(self):
         assert stays_clean(self._sgd_by_hand(lr=1e-5))
 
+    def test_a_cast_to_float16_of_values_past_its_range_is_said_to_be_the_cast(self):
+        cause = cause_of(lambda: torch.tensor([8.5e4, 1.0]).half())  # a BatchNorm running_var in a .half() checkpoint
+        assert cause.id == "fp16_overflow" and "cast" in cause.title and "float32 values" in cause.explanation
+
+    def test_near_miss_float16_arithmetic_that_overflows_stays_an_overflow_of_the_op(self):
+        cause = cause_of(lambda: torch.tensor([300.0], dtype=torch.float16) * 300)
+        assert cause.id == "fp16_overflow" and "cast" not in cause.title and "device_type" in cause.fix
+
+    def test_adam_on_float16_weights_says_its_eps_rounds_to_zero_there(self):
+        w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+        opt = torch.optim.Adam([w], lr=0.1)
+
+        def step():
+            (w * torch.tensor([1e-4, 1.0], dtype=torch.float16)).sum().backward()  # 1e-4 ** 2 is 0 in float16
+            opt.step()
+
+        cause = cause_of(step)
+        assert cause.id == "optimizer_invalid" and "eps=1e-8 rounds to 0" in cause.explanation
+        assert "GradScaler" in cause.fix
+
     def test_near_miss_a_single_overflow_without_history_is_a_plain_overflow(self):
         a = torch.full((1, 2), 3e30, requires_grad=True)
         cause = cause_of(lambda: torch.mm(a, torch.full((2, 1), 3e30)).sum().backward())
@@ -525,6 +577,11 @@ class TestContext:
         cause = cause_of(lambda: ((h - h.mean(0)) / spread(h)).sum())
         assert cause.id == "div_by_zero" and "no degrees of freedom" in cause.title
         assert "correction=1" in cause.explanation and "drop_last=True" in cause.fix
+
+    def test_a_weights_spread_over_a_fan_in_of_one_is_no_batch_of_one(self):
+        w = torch.nn.Parameter(torch.randn(4, 1))  # weight standardisation of a 1-input layer
+        cause = cause_of(lambda: (w - w.mean(1, keepdim=True)) / (w.std(1, keepdim=True) + 1e-5))
+        assert "a weight's" in cause.explanation and "drop_last" not in cause.fix and "correction=0" in cause.fix
 
     def test_near_miss_the_population_spread_of_one_value_is_zero_not_nan(self):
         h = torch.randn(1, 4)

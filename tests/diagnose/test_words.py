@@ -95,6 +95,8 @@ def test_replay_notes_count_steps_as_the_report_does():
         "watch mode: the loss went non-finite after 25 optimizer steps (the update was not applied); "
         "re-running the script under --mode trace to find the op...")
     assert "after 25 optimizer steps" in replay.reproduced("watch", "loss", 25)
+    # Trace mode's own replay of an update checks inside the step; it is no switch of mode.
+    assert "--mode trace" not in replay.started("trace", "parameter update", 0, False)
     assert "after 1 optimizer step;" in replay.reproduced("watch", "gradient", 1)
     finding = WatchFinding("gradient", 25, None, 1.0, float("inf"), True)
     assert "non-finite gradient after 25 optimizer steps" in replay.nonreproducible_watch(finding, True).explanation

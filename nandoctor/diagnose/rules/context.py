@@ -65,10 +65,16 @@ def optimizer_invalid(ev: Evidence) -> Cause | None:
         (f"Inside `optimizer.step()` (called at {ev.where}), `{ev.op}` turned finite gradients and state into "
          f"{_bad(ev.output)}: {_bad_inputs(ev) or 'its inputs were finite'}. " if ev.root.phase == "optimizer" else
          f"{words.capitalised(words.parameter_phrase(ev.facts.parameter))} became non-finite in an optimizer step although its gradients were "
-         f"finite; it was first used at {ev.where} ({ev.code}). ") + "An optimizer setting is invalid, "
-        "e.g. Adam/RMSprop with eps=0 divides by sqrt(v)=0 where a gradient is 0.",
-        "Check the optimizer's hyper-parameters: eps > 0 (1e-8; 1e-6 or more under float16), a finite, positive lr, "
-        "betas < 1, weight_decay >= 0.",
+         f"finite; it was first used at {ev.where} ({ev.code}). ")
+        + ("The weights are float16: Adam's default eps=1e-8 rounds to 0 there (the smallest float16 is 6e-8) and "
+           "squared gradients below about 2e-4 underflow to 0, so the update divides by sqrt(v) + eps = 0 although "
+           "eps is set." if ev.dtype == "float16" else
+           "An optimizer setting is invalid, e.g. Adam/RMSprop with eps=0 divides by sqrt(v)=0 where a gradient is 0."),
+        ("Keep the weights and the optimizer in float32 and run the forward in float16 under "
+         "`torch.autocast(device_type, dtype=torch.float16)` with `torch.amp.GradScaler` (or bfloat16); a model "
+         "trained in pure float16 needs eps >= 1e-4." if ev.dtype == "float16" else
+         "Check the optimizer's hyper-parameters: eps > 0 (1e-8; 1e-6 or more under float16), a finite, positive lr, "
+         "betas < 1, weight_decay >= 0."),
     )
 
 

@@ -14,14 +14,29 @@ def fp16_overflow(ev: Evidence) -> Cause | None:
     if ev.dtype != "float16" or not ev.made_inf() or not ev.inputs_finite():
         return None
     biggest = max((max(abs(s.min or 0), abs(s.max or 0)) for s in ev.root.inputs), default=None)
+    dtypes = sorted({s.dtype for s in ev.root.inputs}) or ["float16"]
+    if ev.op in _CASTS:
+        return Cause(
+            "fp16_overflow",
+            "a cast to float16 of values past 65504",
+            f"At {ev.where} ({ev.code}) `{ev.op}` casts {'/'.join(dtypes)} values as large as {fmt(biggest)} to "
+            "float16, whose largest value is 65504: they become Inf (a checkpoint's running statistics or a "
+            "constant that float32 holds fine).",
+            "Keep those tensors in float32 (cast the model with `.half()` only where the values fit, e.g. leave "
+            "normalisation layers and their buffers in float32), or use bfloat16, which has float32's range.",
+        )
     return Cause(
         "fp16_overflow",
         "float16 overflow (past 65504)",
-        f"At {ev.where} ({ev.code}) `{ev.op}` has finite float16 inputs (largest magnitude {fmt(biggest)}) but "
-        "its result exceeds float16's largest value, 65504, and becomes Inf.",
-        "Use bfloat16 autocast (`torch.autocast('cuda', dtype=torch.bfloat16)`), which has float32's range, or keep "
-        "this op in float32; with float16 use `torch.amp.GradScaler` and scale down activations (normalise inputs).",
+        f"At {ev.where} ({ev.code}) `{ev.op}` has finite {'/'.join(dtypes)} inputs (largest magnitude "
+        f"{fmt(biggest)}) but its float16 result exceeds float16's largest value, 65504, and becomes Inf.",
+        "Use bfloat16 autocast (`torch.autocast(device_type, dtype=torch.bfloat16)`), which has float32's range, or "
+        "keep this op in float32; with float16 use `torch.amp.GradScaler` and scale down activations (normalise inputs).",
     )
+
+
+# Ops that only convert a tensor's dtype: an Inf they make is the cast's, not arithmetic's.
+_CASTS = {"_to_copy", "to", "copy_", "copy", "_to_copy_"}
 
 
 def growth(values: list) -> tuple[float, list[float]] | None:

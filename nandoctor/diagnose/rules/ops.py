@@ -64,27 +64,49 @@ def log_nonpositive(ev: Evidence) -> Cause | None:
     underflow = (f" The input comes from `{source}`: its exact zeros are where a logit was -inf (a mask) or where "
                  "it underflowed." if source and "softmax" in source.lower() else "")
     rounded = _rounded_to_zero(x.dtype) if zeros and lower == 0.0 else ""
+    saturated, in_log_space = _saturated(source, ev.code) if zeros and lower == 0.0 else ("", None)
     inside = (f" the gradient of `{ev.forward_op}` takes {ev.op} of its input, infinite at 0 where "
               f"`{ev.forward_op}` itself is finite" if ev.node else "")
     return Cause(
         "log_nonpositive",
         f"{ev.op} of a non-positive value" + (f" in the gradient of `{ev.forward_op}`" if ev.node else ""),
-        f"At {ev.where} ({ev.code}){inside}: {'; '.join(parts)}.{underflow}{rounded}",
-        _first(("Compute it in log space (`F.logsigmoid(x)` / `F.logsigmoid(-x)` for log(p) / log(1 - p), "
-                "`F.binary_cross_entropy_with_logits`), or in float32 outside autocast; or") if rounded else None,
+        f"At {ev.where} ({ev.code}){inside}: {'; '.join(parts)}.{underflow}{saturated}{rounded}",
+        _first((in_log_space or "Compute it in log space (`F.logsigmoid(x)` / `F.logsigmoid(-x)` for log(p) / "
+                "log(1 - p), `F.binary_cross_entropy_with_logits`)") + (", or in float32 outside autocast; or" if rounded else "; or")
+               if rounded or saturated else None,
                "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), "
                "parametrise positive quantities as `softplus(raw)` or `exp(log_param)`, "
                "and use `F.log_softmax` / `F.cross_entropy` on logits instead of log(softmax)."),
     )
 
 
-def _rounded_to_zero(dtype: str) -> str:
+def _saturated(source: str | None, code: str | None) -> tuple[str, str | None]:
+    """A log of `1 - p`, of a sigmoid or of a sum of exps: a value that saturated or
+    underflowed, not a bad one. (What to say of it, and the log-space form to use when it
+    is not log-sigmoid's.)"""
+    if source is None:
+        return "", None
+    if source.startswith(("Cumsum", "Sum", "Exp")) and "exp" in (code or ""):
+        return (" The input is `exp(...)` (or a sum of them) that underflowed to exactly 0: exp of anything below "
+                "about -103 is 0 in float32.",
+                "Compute it in log space: a log of a sum of exps is `torch.logsumexp(x, dim)` "
+                "(`torch.logcumsumexp(x, dim)` for a running sum, as a Cox risk set), which never forms the exps")
+    if source.startswith("Rsub"):
+        return (" The input is `1 - p`: it is exactly 0 where p is 1, as a probability that saturated is (a sigmoid "
+                "of a logit above about 17 is 1.0 in float32).", None)
+    if source.startswith("Sigmoid"):
+        return (" The input comes from a sigmoid: it is exactly 0 where the logit was below about -88 (float32 "
+                "underflows).", None)
+    return "", None
+
+
+def _rounded_to_zero(dtype: str, near_one: str = "a probability near 1", difference: str = "`1 - p` or `p`") -> str:
     """In a 16-bit float a probability near 1 rounds to exactly 1 (bfloat16 keeps 8 bits:
     anything above 1 - 2**-9), so `1 - p` is 0 where float32 would give a small number."""
     if dtype not in ("bfloat16", "float16"):
         return ""
-    return (f" The values are {dtype}: a probability near 1 rounds to exactly 1 (and a tiny one to 0), "
-            "so `1 - p` or `p` is 0 where float32 would have kept a small positive number.")
+    return (f" The values are {dtype}: {near_one} rounds to exactly 1 (and a tiny one to 0), "
+            f"so {difference} is 0 where float32 would have kept a small positive number.")
 
 
 def _first(before: str | None, fix: str) -> str:
@@ -118,9 +140,12 @@ def div_by_zero(ev: Evidence) -> Cause | None:
         "div_by_zero",
         "division by zero",
         f"{where.capitalize()}At {ev.where} ({ev.code}) {count_of(den.zeros, den)} denominator values are 0: {kind}. "
-        f"Result: {_out(ev)}." + (" The denominator is all zeros (e.g. an empty mask normalised by its max)." if den.zeros == den.numel else ""),
-        "Guard the denominator: `x / d.clamp_min(eps)` or `x / (d + eps)`; for a max/sum normaliser, "
-        "skip or special-case empty inputs (`d = m.max(); m / d if d > 0 else m`).",
+        f"Result: {_out(ev)}." + (" The denominator is all zeros (e.g. an empty mask normalised by its max)." if den.zeros == den.numel else "")
+        + _rounded_to_zero(den.dtype, "a number near 1 (a `beta` of 0.999, a probability)", "`1 - beta`"),
+        _first("Compute the denominator in float32 (a `1 - beta**n` of a bfloat16 beta is 0 in bfloat16), then "
+               "cast;" if _rounded_to_zero(den.dtype) else None,
+               "Guard the denominator: `x / d.clamp_min(eps)` or `x / (d + eps)`; for a max/sum normaliser, "
+               "skip or special-case empty inputs (`d = m.max(); m / d if d > 0 else m`)."),
     )
 
 
@@ -185,15 +210,25 @@ def spread_of_too_few_values(ev: Evidence) -> Cause | None:
     count, correction = ev.facts.reduced_count, ev.facts.correction
     if count is None or correction is None or count - correction > 0:
         return None
+    weight = ev.facts.parameter is not None or _a_weight(ev)
     return Cause(
         "div_by_zero",
         f"{ev.op} over {count} value{'s' if count != 1 else ''}: no degrees of freedom left",
         f"At {ev.where} ({ev.code}) each output of {ev.op} reduces over {count} value{'s' if count != 1 else ''} "
         f"with correction={correction:g}, so it divides by N - correction = {count - correction:g}: "
-        f"{_out(ev)}. Typical of a batch of one (the last, short batch of an epoch) normalised over the batch.",
-        "Drop short batches (`DataLoader(..., drop_last=True)`), skip the normalisation when there is a "
-        "single value, or use the population spread: `x.std(dim, correction=0)` (add an epsilon before dividing by it).",
+        f"{_out(ev)}. " + ("The values are a weight's: a dimension of size 1 (one input channel, a fan-in of 1) "
+                           "has no spread." if weight else
+                           "Typical of a batch of one (the last, short batch of an epoch) normalised over the batch."),
+        ("Use the population spread, `w.std(dim, correction=0)`, with an epsilon before dividing by it, or leave "
+         "layers with a single input out of the standardisation." if weight else
+         "Drop short batches (`DataLoader(..., drop_last=True)`), skip the normalisation when there is a "
+         "single value, or use the population spread: `x.std(dim, correction=0)` (add an epsilon before dividing by it)."),
     )
+
+
+def _a_weight(ev: Evidence) -> bool:
+    """Is the reduced value a weight (`w.std(...)` in a weight standardisation)?"""
+    return bool(re.search(r"\b(?:weight|w)\.(?:std|var)\(", ev.code or ""))
 
 
 # A divisor written as a spread of values: `x.std(0)`, `torch.var(x)`, `(x.max() - x.min())`.
@@ -248,13 +283,18 @@ def _assigned_above(file: str, line: int, name: str, reach: int = 30) -> str:
 
 
 def zero_variance(ev: Evidence) -> Cause:
+    low_precision = ev.dtype in ("bfloat16", "float16")
     return Cause(
         "zero_variance",
         "division by a zero standard deviation / variance",
         f"At {ev.where} ({ev.code}) the denominator is a std/var that is 0 for some slices "
-        f"(constant inputs), so the normalisation divides by zero: {_out(ev)}.",
-        "Add an epsilon inside the normalisation: `(x - mean) / (std + 1e-5)` or `x * torch.rsqrt(var + 1e-5)`, "
-        "or use `F.layer_norm` / `nn.BatchNorm*`, which do.",
+        + (f"(constant inputs, or in {ev.dtype} a variance that cancelled: E[x²] − E[x]² of values far from 0 "
+           "rounds to 0 with 8 to 11 bits of precision)" if low_precision else "(constant inputs)")
+        + f", so the normalisation divides by zero: {_out(ev)}.",
+        _first("Compute the statistics in float32 (`x.float().var(dim)`, or `torch.var_mean`, which does not "
+               "cancel), then cast back;" if low_precision else None,
+               "Add an epsilon inside the normalisation: `(x - mean) / (std + 1e-5)` or `x * torch.rsqrt(var + 1e-5)`, "
+               "or use `F.layer_norm` / `nn.BatchNorm*`, which do."),
     )
 
 
