@@ -38,6 +38,20 @@ from nandoctor.errors import ExitCode, UsageError
 _NANDOCTOR_DIR = str(Path(__file__).resolve().parent)
 
 
+def script_path(target: str) -> Path:
+    """The file python would run for `python TARGET` (a directory runs its __main__.py);
+    UsageError, as python's own words, when there is none."""
+    path = Path(target)
+    if not path.exists():
+        raise UsageError(f"can't open file '{target}': no such file")
+    if path.is_dir():
+        main = path / "__main__.py"
+        if not main.is_file():
+            raise UsageError(f"can't find '__main__' module in '{target}'")
+        path = main
+    return path
+
+
 @dataclass
 class ScriptOutcome:
     """How the script ended."""
@@ -70,14 +84,7 @@ class ScriptRunner:
             self._prepare_script()
 
     def _prepare_script(self) -> None:
-        path = Path(self.target)
-        if not path.exists():
-            raise UsageError(f"can't open file '{self.target}': no such file")
-        if path.is_dir():
-            main = path / "__main__.py"
-            if not main.is_file():
-                raise UsageError(f"can't find '__main__' module in '{self.target}'")
-            path = main
+        path = script_path(self.target)
         try:
             source = path.read_bytes()
         except OSError as exc:

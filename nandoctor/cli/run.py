@@ -15,6 +15,7 @@ from nandoctor.config import load_config, resolve_config
 from nandoctor.console import note_line
 from nandoctor.errors import UsageError
 from nandoctor.report.render import publish
+from nandoctor.runner import script_path
 
 # Everything after SCRIPT belongs to the script: stop parsing options at the first
 # positional, and keep unknown options (`--lr`) for it instead of failing on them.
@@ -71,6 +72,10 @@ def run_command(
     started = time.monotonic()
     target, args, as_module = _target(script, module, ctx.args)
     if nproc_per_node is not None:
+        # What would stop every rank stops the launch first: one line, not one per rank.
+        load_config(resolve_config(config_path))
+        if not as_module:
+            script_path(target)
         launch = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                       rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
         return launcher.launch(launcher.rank_command(sys.argv[1:]), launch, json_path)

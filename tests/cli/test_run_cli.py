@@ -171,6 +171,9 @@ def test_near_miss_an_error_about_something_else_after_a_nan_stays_the_scripts_e
         (["run", "--json", "no/such/dir/r.json", "train.py"], "does not exist"),
         (["run", "notes.py"], "not a Python script"),
         (["run"], "Missing argument 'SCRIPT' (or -m MODULE) (see 'nandoctor run --help')"),
+        # A launch says so once, before torchrun starts a rank to say it N times.
+        (["run", "--nproc-per-node", "2", "missing.py"], "can't open file 'missing.py'"),
+        (["run", "--nproc-per-node", "2", "--config", "broken.yaml", "train.py"], "not valid YAML"),
         (["frobnicate"], "No such command"),
     ],
 )
