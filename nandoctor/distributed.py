@@ -278,14 +278,17 @@ class PeerChannel:
 
 
 def _wait(store, keys: list[str], wait_s: float) -> bool:
-    """Wait up to `wait_s` for every key; True when all are there. (A zero wait only looks:
-    the store's wait would log a timeout.)"""
+    """Wait up to `wait_s` for every key; True when all are there. It looks again and again
+    rather than with the store's own wait, whose timeout c10d logs as socket warnings on
+    the user's stderr: a peer that never says is an answer here, not an error."""
+    deadline = time.monotonic() + wait_s
     try:
-        if wait_s <= 0:
-            return bool(store.check(keys))
-        store.wait(keys, timedelta(seconds=wait_s))
+        while not store.check(keys):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(SETTLE_POLL_S)
         return True
-    except Exception:  # noqa: BLE001 - timed out, or the store is gone
+    except Exception:  # noqa: BLE001 - the store is gone
         return False
 
 

@@ -231,6 +231,18 @@ def test_a_peer_that_never_says_more_is_given_up_on_after_the_wait(store_port, m
     peer.channel.close()
 
 
+def test_a_word_that_never_comes_is_waited_for_without_c10d_timeout_warnings(store_port, capfd):
+    # A peer that never says is an answer (no culprit), not an error: the store's own wait
+    # would log "waitForInput ... timed out" on the user's stderr when it gives up.
+    client = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    started = time.monotonic()
+    assert distributed._wait(client, ["nandoctor/never"], 0.3) is False
+    assert 0.3 <= time.monotonic() - started < 5
+    client.set("nandoctor/there", "1")
+    assert distributed._wait(client, ["nandoctor/there"], 0.3) is True
+    assert "waitForInput" not in capfd.readouterr().err
+
+
 def _observer_told(claim: Claim, step: int) -> Observer:
     observer = Observer({})
     observer.state.optimizer_created()
