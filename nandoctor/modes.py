@@ -91,6 +91,8 @@ class WatchMode(RunMode):
         if found is None:
             return report
         replayed, outcome = _localise(request, rng, report, found.what, found.step, found.weights_clean)
+        if replayed is None and found.what == "refused":
+            return _error_stands(report, outcome)
         return replayed if replayed is not None else _not_reproduced(found, report, outcome)
 
 
@@ -161,6 +163,14 @@ def _interrupted(report: RunReport) -> RunReport:
     report.exit_code = int(ExitCode.INTERRUPTED)
     report.reproduced = None  # (neither reproduced nor not: it did not get there)
     report.notes.append(replay_words.replay_interrupted())
+    return report
+
+
+def _error_stands(report: RunReport, outcome: replay.ReplayOutcome) -> RunReport:
+    """Watch mode's report when the script died of an op's refusal of its values and the
+    replay found no NaN or Inf behind it: the script's own error (as python exits on it)."""
+    report.exit_code = int(ExitCode.INTERRUPTED) if outcome.interrupted else 1
+    report.notes.append(replay_words.refusal_not_nonfinite())
     return report
 
 

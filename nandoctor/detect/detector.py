@@ -41,7 +41,8 @@ from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
-from nandoctor.detect.observer import NonFiniteFound, Observer, PeerStopped, StepLimitReached, speaks_of_nonfinite
+from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, refuses_values,
+                                      speaks_of_nonfinite)
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
@@ -192,6 +193,7 @@ class Detector(Observer):
         self.batches = BatchChecks(self.recorder, self._refetch)
         self.saved = SavedValues(self.records)
         self.detection: Detection | None = None
+        self._refused: tuple[Exception, str, Record] | None = None  # (error, op, input) of op_raised
         self.mode = CheckingMode(self)
         self._suspended = False
         self._stepping = 0  # optimizer.step() calls running (see `stepping`)
@@ -382,12 +384,36 @@ class Detector(Observer):
         mattered = {(s.op, s.location) for s in self.detection.lineage}
         return [d for d in made if (d.op, d.location) not in mattered]
 
+    def op_raised(self, error: Exception, op: str, args) -> None:
+        """An op raised `error`. When it refused its values (BCE's "all elements of target
+        should be between 0 and 1") and an input held a NaN or Inf made by accident, that
+        value is what the script dies of: kept for `raised_over`. (Not a -inf mask: a shape
+        error next to one is the script's own.)"""
+        if self.passive or not refuses_values(error):
+            return
+        with self.internal():
+            for t in tensors_of(args):
+                if (t.is_floating_point() or t.is_complex()) and not t.is_meta and t.numel() and not all_finite(t):
+                    record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
+                    if not record.intended:
+                        self._refused = (error, op, record)
+                        return
+
     def raised_over(self, error: BaseException) -> Detection | None:
         """A script that guards its own loss (`if torch.isnan(loss): raise`, `assert
         torch.isfinite(loss)`, a framework's "loss is nan" error) dies over a value this run
         saw made but let pass, since only the check's boolean was read: the latest one made
-        is what it raised over. Only for an error that speaks of NaN/Inf (message or line)."""
-        if self.detection is not None or not speaks_of_nonfinite(error):
+        is what it raised over. Only for an error that speaks of NaN/Inf (message or line).
+        Or an op refused a non-finite input with the error the script died of (`op_raised`):
+        that input is the event."""
+        if self.detection is not None:
+            return None
+        if self._refused is not None and _same_error(error, self._refused[0]):
+            _, op, record = self._refused
+            self.detection = explain(record, StopReason.OP_REFUSED, self.recorder.forward_by_node, self.locator,
+                                     refused_by=op)
+            return self.detection
+        if not speaks_of_nonfinite(error):
             return None
         birth = self.recorder.latest_birth()
         made_in_backward = self.recorder.latest_backward  # (the script's own detect_anomaly raises there)
@@ -722,3 +748,13 @@ class Detector(Observer):
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
                                  needs_replay=needs_replay, flagged_suspects=suspects)
         raise NonFiniteFound(reason.value)
+
+
+def _same_error(error: BaseException, refused: BaseException) -> bool:
+    """Is `error` the one an op raised, or raised from it (a library that wraps it)?"""
+    seen = 0
+    while error is not None and seen < 8:
+        if error is refused:
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False

@@ -15,7 +15,8 @@ from nandoctor.detect.result import Detection, Site, StopReason
 
 
 def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record], locator: SourceLocator,
-            needs_replay: bool = False, flagged_suspects: list[Record] = ()) -> Detection:
+            needs_replay: bool = False, flagged_suspects: list[Record] = (), refused_by: str | None = None
+            ) -> Detection:
     chain = _ancestry(event, forward_by_node)
     _update_work(chain)
     root = chain[-1]
@@ -30,7 +31,7 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
     sites = [site_of(r, locator) for r in chain]
     needs_replay = needs_replay or root.facts.written_by_optimizer or root.facts.device_flag is not None
     return Detection(reason=reason, event=sites[-1], root=sites[0], lineage=sites, needs_replay=needs_replay,
-                     flagged_suspects=[site_of(r, locator) for r in flagged_suspects])
+                     flagged_suspects=[site_of(r, locator) for r in flagged_suspects], refused_by=refused_by)
 
 
 def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]:

@@ -19,8 +19,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nandoctor.detect.ops import (OpKind, cast_widens, is_inplace, op_kind, value_outputs, writes_nonfinite_scalar,
-                                  writes_undefined)
+from nandoctor.detect.ops import (OpKind, base_name, cast_widens, is_inplace, op_kind, value_outputs,
+                                  writes_nonfinite_scalar, writes_undefined)
 
 _current_node = torch._C._current_autograd_node
 _jit_tracing = torch._C._get_tracing_state
@@ -134,7 +134,11 @@ class CheckingMode(TorchDispatchMode):
         inplace, before = kind is OpKind.CHECKED_INPLACE, None
         if inplace:
             before, kind = _before(args), OpKind.CHECKED
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as error:  # (free when nothing is raised)
+            d.op_raised(error, base_name(func), args)
+            raise
         if kind is OpKind.CHECKED:
             if d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out):
                 if out.is_floating_point() and out.numel():

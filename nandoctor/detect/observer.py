@@ -212,6 +212,18 @@ class Observer:
 _NONFINITE_WORDS = re.compile(r"\b(nan|inf|infinity)\b|non-?finite|not finite|isfinite|isnan|isinf", re.IGNORECASE)
 
 
+# What an op says when it refuses the values it was given, not their shape, dtype or device:
+# BCE's "all elements of target should be between 0 and 1" (a NaN fails every comparison),
+# cholesky's "not positive-definite", an eigensolver that does not converge.
+_REFUSES_VALUES = re.compile(r"between -?[\d.]+ and -?[\d.]+|out of (the )?range|positive.definite|converge|"
+                             r"singular|ill-conditioned|probabilit", re.IGNORECASE)
+
+
+def refuses_values(error: BaseException) -> bool:
+    """Is `error` an op's refusal of its input values (which a NaN or Inf fails)?"""
+    return isinstance(error, RuntimeError) and bool(_REFUSES_VALUES.search(str(error)))
+
+
 def speaks_of_nonfinite(error: BaseException) -> bool:
     """Does the error's message, or the line that raised it, speak of NaN/Inf?
     (`RuntimeError: loss is nan`, a bare `assert torch.isfinite(loss)`.)"""

@@ -42,6 +42,7 @@ while the detector runs, under the same rules as a module call.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 
@@ -222,7 +223,12 @@ class ModuleRegions:
         if opened.module is not module:
             self._stretch_ends(opened)
             return  # an inner module ended
-        # (torch calls always-called hooks without kwargs and output when forward raised)
+        # (torch calls always-called hooks without kwargs when forward raised, inside its
+        # `except` clause: the error is the one being handled)
+        if len(kwargs_and_output) < 2 and isinstance(error := sys.exc_info()[1], Exception):
+            self._close(opened)
+            self.detector.op_raised(error, type(module).__name__, args)
+            return
         if not self._close(opened, *kwargs_and_output[1:]):
             kwargs, output = kwargs_and_output
             self._replay(opened, lambda: module(*args, **kwargs), args, output)
@@ -250,8 +256,10 @@ class ModuleRegions:
                 return original(*args, **kwargs)
             try:
                 output = original(*args, **kwargs)
-            except BaseException:
+            except BaseException as error:
                 regions._close(opened)
+                if isinstance(error, Exception):
+                    regions.detector.op_raised(error, original.__name__, args)
                 raise
             if not regions._close(opened, output):
                 regions._replay(opened, lambda: original(*args, **kwargs), args, output)

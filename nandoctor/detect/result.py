@@ -58,6 +58,7 @@ class StopReason(enum.Enum):
     READ_BACK = "read_back"  # the script read a non-finite value (.item(), .tolist(), .numpy(), print)
     AMP_SCALE_COLLAPSE = "amp_scale_collapse"  # a GradScaler skipped a step at a scale of 1 or less
     SCRIPT_RAISED = "script_raised"  # the script raised over a non-finite value it checked itself
+    OP_REFUSED = "op_refused"  # an op raised an error over a non-finite input (BCE's target range check)
     STATE_EXPORTED = "state_exported"  # a module's state_dict() handed out a non-finite parameter or buffer
 
 
@@ -282,6 +283,7 @@ class Detection:
     needs_replay: bool = False
     # Ops whose device flags saw a non-finite value this step: the candidates while no replay ran.
     flagged_suspects: list[Site] = field(default_factory=list)
+    refused_by: str | None = None  # OP_REFUSED: the op that raised over the event's value
 
 
 @dataclass(frozen=True)
@@ -333,8 +335,9 @@ class WatchFinding:
     """What watch mode saw: which value went non-finite, at which step, called from where."""
 
     # parameters: found at the end of the run; exported: in the weights of an untrained
-    # model (an EMA's) that a state_dict() handed out
-    what: Literal["loss", "gradient", "parameters", "exported"]
+    # model (an EMA's) that a state_dict() handed out; refused: the script died of an error
+    # an op raises over values a NaN fails (a finding only if the replay finds that NaN)
+    what: Literal["loss", "gradient", "parameters", "exported", "refused"]
     step: int  # optimizer steps completed
     location: Location | None  # the backward() / step() call
     loss: float | None
@@ -344,4 +347,4 @@ class WatchFinding:
     @property
     def phase(self) -> str:
         """The phase of its step in which the value went non-finite."""
-        return {"loss": "forward", "gradient": "backward"}.get(self.what, "optimizer")
+        return {"loss": "forward", "refused": "forward", "gradient": "backward"}.get(self.what, "optimizer")

@@ -18,7 +18,7 @@ import torch
 
 from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
-from nandoctor.detect.observer import NonFiniteFound, Observer, speaks_of_nonfinite
+from nandoctor.detect.observer import NonFiniteFound, Observer, refuses_values, speaks_of_nonfinite
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.detect.result import WatchFinding
 
@@ -129,9 +129,14 @@ class StepWatcher(Observer):
         """The script raised over a non-finite value it checked itself, between two of
         watch's boundaries: a finding for the replay under trace to localise (it raises
         there again, over the value trace saw made)."""
-        if self.watch_finding is not None or not speaks_of_nonfinite(error):
+        if self.watch_finding is not None:
             return None
-        self.watch_finding = WatchFinding("loss", self.state.step, None, None, None, weights_clean=self._weights_clean())
+        # An op's refusal of its values (BCE's range check) may be over a NaN watch cannot
+        # see: the replay looks; the script's own error stands if it finds none.
+        what = "loss" if speaks_of_nonfinite(error) else "refused" if refuses_values(error) else None
+        if what is None:
+            return None
+        self.watch_finding = WatchFinding(what, self.state.step, None, None, None, weights_clean=self._weights_clean())
         return self.watch_finding
 
     def finish(self) -> None:

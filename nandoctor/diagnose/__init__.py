@@ -8,7 +8,7 @@ and returns the first cause that applies, or `unknown` with the facts that were 
 """
 from __future__ import annotations
 
-from nandoctor.detect.result import AmpScaling, Detection, Discarded, History
+from nandoctor.detect.result import AmpScaling, Detection, Discarded, History, StopReason
 from nandoctor.diagnose import rules as _rules  # noqa: F401  (registers every rule)
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence
@@ -33,7 +33,8 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
         report.cause = diagnose(Evidence.of(detection, history, step))
         if error is not None:  # (the script raised over the value: say what it raised)
             report.error = {"type": type(error).__name__, "message": str(error)}
-            report.notes.append(words.raised_over(error))
+            report.notes.append(words.refused(detection.refused_by, error) if detection.reason is StopReason.OP_REFUSED
+                                else words.raised_over(error))
         if detection.flagged_suspects:
             report.notes.append("device flags saw a non-finite value this step in: "
                                 + "; ".join(words.site_brief(s) for s in detection.flagged_suspects))

@@ -35,6 +35,9 @@ _WEIGHTS = ("parameters", "exported")
 
 
 def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
+    if what == "refused":
+        return (f"{mode} mode: the script died of an error an op raises over values a NaN fails, {steps_done(step)}; "
+                "re-running the script under --mode trace to see whether a NaN or Inf was behind it...")
     value = "weights a state_dict() handed out" if what == "exported" else what
     return (f"{mode} mode: the {value} went non-finite {steps_done(step)}"
             + (" (the update was not applied)" if weights_clean and what not in _WEIGHTS else "")
@@ -49,7 +52,9 @@ def reproduced(mode: str, what: str, step: int) -> str:
 
 def _seen(what: str, step: int) -> str:
     """What watch mode saw non-finite: the loss or gradient of a step, or, once the script
-    ended, the parameters."""
+    ended, the parameters (or the error an op raised over a value)."""
+    if what == "refused":
+        return f"the script's error, {steps_done(step)}"
     if what == "parameters":
         return f"non-finite parameters at the end of the run, {steps_done(step)}"
     if what == "exported":
@@ -63,6 +68,11 @@ def watch_stop_reason(finding: WatchFinding) -> str:
     if finding.what == "exported":
         return "a state_dict() handed out non-finite weights of a model no optimizer trains"
     return f"the {finding.what} is non-finite"
+
+
+def refusal_not_nonfinite() -> str:
+    return ("a seeded replay checking every op found no NaN or Inf behind the error: the values the op refused "
+            "are finite, and out of its range (the script's own bug).")
 
 
 def not_localised() -> str:

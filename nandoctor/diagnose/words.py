@@ -44,6 +44,7 @@ _STOP_REASONS = {
     StopReason.PARAMETER_BEFORE_STEP: "a parameter is non-finite before the optimizer step",
     StopReason.READ_BACK: "the script read a non-finite value back (.item(), .tolist(), .numpy() or print)",
     StopReason.SCRIPT_RAISED: "the script checked this value itself and raised an error over it",
+    StopReason.OP_REFUSED: "the op it went into raised an error over it",
     StopReason.AMP_SCALE_COLLAPSE: "the GradScaler skipped a step at a loss scale of 1 or less: the gradients are non-finite unscaled",
 }
 
@@ -101,6 +102,13 @@ def discarded_notes(discarded: list[Discarded], listed: int = DISCARDED_LISTED) 
 def _discarded_site(d: Discarded) -> str:
     where = f" at {d.location}" if d.location else ""
     return f"{d.op or 'a value entering torch'}{where} ({'NaN' if d.made == 'nan' else 'Inf'}, {times(d.count)})"
+
+
+def refused(op: str | None, error: BaseException) -> str:
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return (f"`{op or 'an op'}` raised {type(error).__name__}" + (f" ({message})" if message else "")
+            + " over this value: a NaN fails every range check (an Inf every bound), so the error comes from the "
+            "non-finite value. Plain python dies of the same error without saying where the value came from.")
 
 
 def raised_over(error: BaseException) -> str:

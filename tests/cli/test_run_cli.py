@@ -151,6 +151,47 @@ def test_a_script_whose_own_detect_anomaly_raises_in_backward_is_a_finding_at_it
     assert report["root"]["location"]["line"] == 6 and report["cause"]["id"] == "sqrt_zero_backward"
 
 
+# Masks normalised by their max up front; mask 2 is empty (0/0 at line 4). BCE then refuses
+# the NaN target with "all elements of target should be between 0 and 1", as it does any
+# target out of [0, 1]: plain python dies of that, not of a NaN loss.
+BCE_REFUSES = """\
+import torch
+torch.manual_seed(0)
+masks = torch.rand(4, 6).round() * 3; masks[2] = 0; masks[0] = 300
+masks = masks / NORMALISER
+model = torch.nn.Linear(6, 6)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for b in range(4):
+    pred = torch.sigmoid(model(torch.randn(1, 6)))
+    loss = LOSS(pred, masks[b:b + 1])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("mode, loss", [("trace", "torch.nn.functional.binary_cross_entropy"),
+                                        ("trace", "torch.nn.BCELoss()"),
+                                        ("watch", "torch.nn.functional.binary_cross_entropy")])
+def test_an_op_that_refuses_a_nan_input_is_a_finding_at_the_line_that_made_it(tmp_path, script, mode, loss):
+    script("train.py", BCE_REFUSES.replace("NORMALISER", "masks.amax(1, keepdim=True)").replace("LOSS", loss))
+    result = run_nandoctor(["run", "--mode", mode, "train.py"], tmp_path)
+    report = result.report
+    assert result.code == 3 and report["status"] == "nonfinite", result.stderr[-2000:]
+    assert report["root"]["location"]["line"] == 4 and report["cause"]["id"] == "div_by_zero"
+    assert report["error"]["type"] == "RuntimeError" and any("binary_cross_entropy" in n or "BCELoss" in n
+                                                              for n in report["notes"])
+
+
+@pytest.mark.parametrize("mode", ["trace", "watch"])
+def test_near_miss_a_target_out_of_range_with_no_nan_stays_the_scripts_error(tmp_path, script, mode):
+    # Mask 0 is 300 / 3 = 100: out of [0, 1], finite. The same error is the script's own bug.
+    script("train.py", BCE_REFUSES.replace("NORMALISER", "3.0").replace("LOSS", "torch.nn.functional.binary_cross_entropy"))
+    result = run_nandoctor(["run", "--mode", mode, "train.py"], tmp_path)
+    assert result.code == 1 and result.report["status"] == "script_error"
+    assert "between 0 and 1" in result.report["error"]["message"]
+
+
 def test_near_miss_an_error_about_something_else_after_a_nan_stays_the_scripts_error(tmp_path, script):
     script("train.py", GUARDED.replace("GUARD", 'if b == 1:\n        raise KeyError("vocab.json")'))
     result = run_nandoctor(["run", "train.py"], tmp_path)
