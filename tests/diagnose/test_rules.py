@@ -214,6 +214,11 @@ class TestDivision:
 
         assert cause_of(min_max_scale).id == "zero_variance"
 
+    def test_a_min_max_scaling_of_a_constant_is_a_zero_range_with_the_ranges_guard(self):
+        t = torch.nn.Parameter(torch.ones(4))
+        cause = cause_of(lambda: (t - t.min()) / (t.max() - t.min()))
+        assert cause.id == "zero_variance" and "range" in cause.title and "(hi - lo).clamp_min(eps)" in cause.fix
+
     def test_near_miss_a_difference_of_names_that_are_no_range_is_plain_division_by_zero(self):
         def per_gap():
             start, end = torch.ones(3), torch.ones(3)
@@ -595,6 +600,25 @@ class TestContext:
         w = torch.randn(3, requires_grad=True)
         cause = cause_of(lambda: (w.pow(2).mean() * torch.tensor(float("inf"))).backward())
         assert cause.id == "mask_value_used" and "sentinel" in cause.title
+
+    def test_a_log_of_a_softmax_whose_zeros_nll_never_picks_leaks_and_is_fixed_by_log_softmax(self):
+        logits = torch.nn.Parameter(torch.tensor([[120.0, 0.0, 1.0]]))  # softmax underflows to 0 at class 1
+        cause = cause_of(lambda: F.nll_loss(torch.log(torch.softmax(logits, -1)), torch.tensor([0])).backward())
+        assert cause.id == "masked_inf_gradient_leak" and "F.log_softmax" in cause.fix and "double" not in cause.fix
+
+    def test_nan_data_a_mask_drops_after_the_fact_is_input_data_whose_gradient_leaks(self):
+        # Missing targets (NaN) dropped from the loss with a boolean mask after the error is
+        # computed: the gradient is NaN, and what to fix is the data's NaN, filled first.
+        w = torch.nn.Parameter(torch.tensor([0.5]))
+
+        def train():
+            y = torch.tensor([1.0, float("nan"), 3.0])
+            err = (w * 2 - y) ** 2
+            err[~torch.isnan(y)].mean().backward()
+
+        cause = cause_of(train)
+        assert cause.id == "nonfinite_input_data" and "backward still runs through them" in cause.explanation
+        assert "torch.where(valid, y, 0.0)" in cause.fix
 
     @staticmethod
     def _replay_buffer(sample_filled_only: bool):

@@ -81,8 +81,8 @@ def optimizer_invalid(ev: Evidence) -> Cause | None:
 @context_rule
 def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
     node = ev.facts.gradient_leak_through
-    if not node:
-        return None
+    if not node or _entered_torch(ev):
+        return None  # (NaN data dropped after the fact: nonfinite_input_data, which tells the leak)
     out = ev.output
     infs = (out.posinf + out.neginf + out.nan) if out else 0
     return Cause(
@@ -93,8 +93,21 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         "exp(-inf) = 0), so the loss is finite, but backward still "
         f"runs through every position: `{node}` computes 0 * Inf = NaN for the dropped ones, and the NaN reaches "
         "the gradients (pytorch issue 4132).",
-        "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): " + _safe_before(ev.op),
+        _log_of_softmax_fix(ev) or "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): "
+        + _safe_before(ev.op),
     )
+
+
+def _log_of_softmax_fix(ev: Evidence) -> str | None:
+    """log(softmax(x)) whose -inf only a loss's pick of the targets left out (`nll_loss`):
+    an underflow, and the one op that never makes it is the fix. (Not one a `where` or a
+    mask dropped, `-p * log(p)` over padded attention: that needs the double `where`.)"""
+    producer = ev.facts.input_producers.get("self") or ""
+    if not ev.op.startswith("log") or "Softmax" not in producer or ev.facts.masked:
+        return None
+    return ("Take the log of a softmax in one op: `F.log_softmax(logits, dim=-1)` (with `F.nll_loss`), or "
+            "`F.cross_entropy(logits, target)` on the logits: log(softmax) is -inf where the softmax underflowed "
+            "to 0, and its gradient NaN there even where the loss never looks.")
 
 
 def _safe_before(name: str) -> str:
@@ -158,13 +171,20 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
         arrived = (f" It reached training in batch {batch.number}"
                    + (f" (dataset indices {list(batch.dataset_indices)})" if batch.dataset_indices else "") + "."
                    if batch is not None else "")
+        leak = ev.facts.gradient_leak_through
+        dropped = (f" The loss drops those values (a mask, an index), but backward still runs through them: "
+                   f"`{leak}` multiplies a zero gradient by them, and 0 * NaN is NaN in the gradients (pytorch "
+                   "issues 4132, 15131)." if leak else "")
         return Cause(
             "nonfinite_input_data",
             "an input was already non-finite when it reached torch",
             f"At {ev.where} ({ev.code}) {what}. It came from outside torch (numpy, pandas, a file, a tensor built "
-            f"from Python numbers).{arrived}",
-            "Check the data before it reaches the model (`nandoctor check-data`), and where it is built: "
-            "`assert torch.isfinite(x).all()` after loading, or `torch.nan_to_num` if missing values are expected.",
+            f"from Python numbers).{arrived}{dropped}",
+            ("Fill the missing values before any op touches them, and keep the mask for the loss: "
+             "`valid = ~torch.isnan(y); y = torch.where(valid, y, 0.0)`, then reduce over `valid` only; "
+             "or drop those rows from the data." if leak else
+             "Check the data before it reaches the model (`nandoctor check-data`), and where it is built: "
+             "`assert torch.isfinite(x).all()` after loading, or `torch.nan_to_num` if missing values are expected."),
         )
     return None
 
@@ -240,3 +260,8 @@ def _bad(summary) -> str:
 
 def _bad_inputs(ev: Evidence) -> str:
     return "; ".join(f"`{s.name}` has {_bad(s)}" for s in ev.root.inputs if s.nonfinite and not s.name.endswith(OVERWRITTEN_SUFFIX))
+
+
+def _entered_torch(ev: Evidence) -> bool:
+    """Was the root a value that entered torch already non-finite (data, not an op's)?"""
+    return bool(ev.facts.entered or (ev.facts.untracked_input and not ev.root.inputs and ev.root.phase == "data"))

@@ -255,6 +255,17 @@ def _divides_by_a_spread(ev: Evidence) -> bool:
     return _a_range_of_names(divisor, location)
 
 
+def _divides_by_a_range(ev: Evidence) -> bool:
+    """Is the divisor a max - min (`t.max() - t.min()`, `hi - lo` of a max and a min)?"""
+    location = ev.root.location
+    code = location.code if location else ""
+    if "/" not in code:
+        return False
+    divisor = code.split("/", 1)[1]
+    return bool(re.search(r"\bmax\b[^/]*-[^/]*\bmin\b|\bamax\b[^/]*-[^/]*\bamin\b", divisor)) \
+        or _a_range_of_names(divisor, location)
+
+
 def _a_range_of_names(divisor: str, location) -> bool:
     """`(hi - lo)` where `hi` was assigned a max and `lo` a min above (`lo, hi = x.min(0).values,
     x.max(0).values`), or names that say so (`x_max - x_min`): a min-max range."""
@@ -284,6 +295,16 @@ def _assigned_above(file: str, line: int, name: str, reach: int = 30) -> str:
 
 def zero_variance(ev: Evidence) -> Cause:
     low_precision = ev.dtype in ("bfloat16", "float16")
+    if _divides_by_a_range(ev):
+        return Cause(
+            "zero_variance",
+            "division by a zero range (max - min)",
+            f"At {ev.where} ({ev.code}) the denominator is a range, max - min, that is 0 for some slices (constant "
+            f"inputs: an empty mask, a flat image, a constant column), so the min-max scaling divides by zero: "
+            f"{_out(ev)}.",
+            "Guard the range: `(x - lo) / (hi - lo).clamp_min(eps)`, or skip the scaling where `hi == lo` "
+            "(`torch.where(hi > lo, (x - lo) / (hi - lo), torch.zeros_like(x))`, with the safe divisor inside).",
+        )
     return Cause(
         "zero_variance",
         "division by a zero standard deviation / variance",
