@@ -481,6 +481,30 @@ class TestExpAndOverflow:
         assert cause.id == "optimizer_invalid" and "eps=1e-8 rounds to 0" in cause.explanation
         assert "GradScaler" in cause.fix
 
+    def test_a_run_that_overflows_at_its_third_step_after_a_millionfold_jump_is_exploding(self):
+        # Raw used-car features (km up to 200) and a learning rate fit for scaled ones: the loss
+        # goes 3e8 -> 4e19 in one step and the next forward overflows; two finite losses only.
+        torch.manual_seed(0)
+        x = torch.cat([torch.rand(64, 1) * 200, torch.rand(64, 1) * 20, 900 + torch.rand(64, 1) * 2100], 1)
+        y = 20_000 - 50 * x[:, :1] + 4 * x[:, 2:3]
+        model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+        def train():
+            for _ in range(6):
+                loss = ((model(x) - y) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+        cause = cause_of(train)
+        assert cause.id == "exploding_gradient" and "over the last 2 steps" in cause.explanation
+
+    def test_near_miss_two_losses_a_thousandfold_apart_are_no_explosion(self):
+        from nandoctor.diagnose.rules.fallback import growth
+
+        assert growth([1.0, 1e3]) is None and growth([3.2e8, 4.0e19]) is not None
+
     def test_near_miss_a_single_overflow_without_history_is_a_plain_overflow(self):
         a = torch.full((1, 2), 3e30, requires_grad=True)
         cause = cause_of(lambda: torch.mm(a, torch.full((2, 1), 3e30)).sum().backward())

@@ -39,10 +39,17 @@ def fp16_overflow(ev: Evidence) -> Cause | None:
 _CASTS = {"_to_copy", "to", "copy_", "copy", "_to_copy_"}
 
 
+# One step that multiplies the loss by a million is no noise: a learning rate so large the
+# run overflows at its third step leaves only two finite values (3e8 -> 4e19 -> Inf).
+SINGLE_STEP_EXPLOSION = 1e6
+
+
 def growth(values: list) -> tuple[float, list[float]] | None:
     """(growth factor over the window, the window) when the series grew geometrically."""
     finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     window = finite[-8:]
+    if len(window) == 2 and window[0] > 0 and window[1] / window[0] >= SINGLE_STEP_EXPLOSION:
+        return window[1] / window[0], window
     if len(window) < 3 or window[0] <= 0:
         return None
     ratios = [b / a for a, b in zip(window, window[1:]) if a > 0]
