@@ -411,6 +411,7 @@ class Detector(Observer):
         if self._refused is not None and _same_error(error, self._refused[0]):
             _, op, record = self._refused
             self.detection = explain(record, StopReason.OP_REFUSED, self.recorder.forward_by_node, self.locator,
+                                     forward_by_line=self.recorder.forward_by_line,
                                      refused_by=op)
             return self.detection
         if not speaks_of_nonfinite(error):
@@ -421,7 +422,8 @@ class Detector(Observer):
             birth = made_in_backward
         if birth is None:
             return None
-        self.detection = explain(birth, StopReason.SCRIPT_RAISED, self.recorder.forward_by_node, self.locator)
+        self.detection = explain(birth, StopReason.SCRIPT_RAISED, self.recorder.forward_by_node, self.locator,
+                                     forward_by_line=self.recorder.forward_by_line)
         return self.detection
 
     def first_nan(self) -> Detection | None:
@@ -430,7 +432,8 @@ class Detector(Observer):
         birth = self.recorder.first_nan_birth
         if birth is None:
             return None
-        return explain(birth, StopReason.OP_MADE_NAN, self.recorder.forward_by_node, self.locator)
+        return explain(birth, StopReason.OP_MADE_NAN, self.recorder.forward_by_node, self.locator,
+                                     forward_by_line=self.recorder.forward_by_line)
 
     # -- the training boundaries (the observer protocol) ----------------------------------
 
@@ -746,6 +749,7 @@ class Detector(Observer):
             needs_replay = True
         self.passive = True
         self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
+                                 forward_by_line=self.recorder.forward_by_line,
                                  needs_replay=needs_replay, flagged_suspects=suspects)
         raise NonFiniteFound(reason.value)
 

@@ -15,9 +15,9 @@ from nandoctor.detect.result import Detection, Site, StopReason
 
 
 def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record], locator: SourceLocator,
-            needs_replay: bool = False, flagged_suspects: list[Record] = (), refused_by: str | None = None
-            ) -> Detection:
-    chain = _ancestry(event, forward_by_node)
+            needs_replay: bool = False, flagged_suspects: list[Record] = (), refused_by: str | None = None,
+            forward_by_line: dict[tuple, Record] | None = None) -> Detection:
+    chain = _ancestry(event, forward_by_node, forward_by_line or {})
     _update_work(chain)
     root = chain[-1]
     intended = next((p for p in root.parents if p.intended or _legit_for(root, p)), None)
@@ -34,10 +34,18 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
                      flagged_suspects=[site_of(r, locator) for r in flagged_suspects], refused_by=refused_by)
 
 
-def _ancestry(event: Record, forward_by_node: dict[int, Record]) -> list[Record]:
+def _ancestry(event: Record, forward_by_node: dict[int, Record], forward_by_line: dict[tuple, Record]
+              ) -> list[Record]:
     """The event first, then the parents on the way to its root, down to the root."""
     chain = _path_to_earliest(event, _counts_for)
     root = chain[-1]
+    made_upstream = forward_by_line.get(root.where) if root.where is not None else None
+    if root.phase == "backward" and root.facts.untracked_input and not root.parents \
+            and made_upstream is not None and made_upstream.step == root.step:
+        # Its input was non-finite before it ran, made where no op was recorded (inside a
+        # torch.nn region, whose graph the run kept): it came from its forward line's values.
+        root.facts.untracked_input = False
+        return chain + _path_to_earliest(made_upstream, _counts_for)
     if root.phase == "backward" and root.node_seq is not None:
         forward = forward_by_node.get(root.node_seq)
         # Only a forward op that made its Inf from finite inputs: one that passed on a -inf

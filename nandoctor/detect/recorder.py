@@ -45,6 +45,9 @@ class Recorder:
         # Forward records by the autograd node their op created: a backward root whose own
         # forward op already made an Inf has that op as its earlier ancestor.
         self.forward_by_node: dict[int, Record] = {}
+        # ...and the latest forward record of each line: a backward op that got a non-finite
+        # value no record covers (made inside a region or a fused kernel) came from there.
+        self.forward_by_line: dict[tuple, Record] = {}
         self.last_backward_order = -1  # order of the latest non-finite value made in backward
         self.latest_backward: Record | None = None  # ...and its record, in the backward running
 
@@ -97,8 +100,11 @@ class Recorder:
             self._births.append(record)
         if record.phase == "backward":
             self.last_backward_order, self.latest_backward = record.order, record
-        elif record.phase == "forward" and created_seq is not None and not intended:
-            self.forward_by_node[created_seq] = record
+        elif record.phase == "forward" and not intended:
+            if created_seq is not None:
+                self.forward_by_node[created_seq] = record
+            if where is not None:
+                self.forward_by_line[where] = record
         return record
 
     def node_output(self, node, t: torch.Tensor) -> Record:
@@ -340,6 +346,8 @@ class Recorder:
     def new_generation(self) -> None:
         """A backward finished: forget forward records of graphs long gone (bounded memory)."""
         self.latest_backward = None
+        if len(self.forward_by_line) > 1024:
+            self.forward_by_line.clear()
         if len(self.forward_by_node) > 1024:
             for key in sorted(self.forward_by_node)[:-512]:
                 del self.forward_by_node[key]

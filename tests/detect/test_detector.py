@@ -713,6 +713,31 @@ class TestPhasesAndSteps:
 
         assert detect(evaluate).detection.root.phase == "forward"
 
+    @staticmethod
+    def _nan_row_through_regions(drop_after: bool):
+        """A NaN feature row through torch.nn's own modules (regions: run with the per-op mode
+        off, their saved tensors unrecorded), dropped from the loss only after the NLL."""
+        model, nll = torch.nn.Linear(2, 1), torch.nn.GaussianNLLLoss(reduction="none")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def train():
+            x = torch.tensor([[1.0, 2.0], [float("nan"), 1.0], [0.5, 0.5]])
+            complete = ~torch.isnan(x).any(1)
+            if not drop_after:
+                x = x[complete]
+            per_row = nll(model(x).squeeze(-1), torch.zeros(len(x)), torch.ones(len(x)))
+            (per_row[complete] if drop_after else per_row).mean().backward()
+            opt.step()
+
+        return detect(train)
+
+    def test_a_backward_op_given_a_nan_a_region_saved_is_traced_to_where_the_nan_entered(self):
+        root = self._nan_row_through_regions(drop_after=True).detection.root
+        assert root.op == "aten.lift_fresh.default" and root.backward_node is None and root.facts.entered
+
+    def test_near_miss_rows_dropped_before_the_model_are_clean(self):
+        assert not self._nan_row_through_regions(drop_after=False).stopped
+
     def test_a_module_name_is_recorded(self):
         class Head(torch.nn.Module):
             def forward(self, x):
