@@ -548,8 +548,14 @@ class TestRootsAndDomains:
 
     def test_a_fractional_power_of_a_zero_norm_in_backward(self):
         p = torch.nn.Parameter(torch.zeros(3))
-        cause = cause_of(lambda: (p.norm() ** 0.5).backward())
+        cause = cause_of(lambda: (p.norm() ** 0.3).backward())
         assert cause.id == "pow_invalid" and "x ** p with p < 1" in cause.title
+
+    def test_a_square_root_written_as_a_power_of_one_half_is_sqrt_zero_backward(self):
+        # `(d2) ** 0.5` of keypoints that coincide: sqrt's gradient at 0, whatever its spelling.
+        p = torch.nn.Parameter(torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+        cause = cause_of(lambda: ((p ** 2).sum(1) ** 0.5).sum().backward())
+        assert cause.id == "sqrt_zero_backward"
 
     def test_hypot_at_the_origin_is_a_norm_of_zero(self):
         p = torch.nn.Parameter(torch.tensor([0.0, 3.0]))

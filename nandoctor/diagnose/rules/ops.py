@@ -454,6 +454,8 @@ def zero_second_moment(ev: Evidence, x) -> Cause:
 def pow_invalid(ev: Evidence) -> Cause | None:
     base = ev.input("self") or ev.first_input()
     exponent = ev.input("exponent")
+    if ev.node and ev.facts.exponent == -0.5:
+        return sqrt_rule(ev)  # PowBackward of `x ** 0.5` takes x ** -0.5: a square root, written as a power
     if ev.node:
         return Cause(
             "pow_invalid",
