@@ -169,8 +169,12 @@ def _interrupted(report: RunReport) -> RunReport:
 def _error_stands(report: RunReport, outcome: replay.ReplayOutcome) -> RunReport:
     """Watch mode's report when the script died of an op's refusal of its values and the
     replay found no NaN or Inf behind it: the script's own error (as python exits on it)."""
-    report.exit_code = int(ExitCode.INTERRUPTED) if outcome.interrupted else 1
-    report.notes.append(replay_words.refusal_not_nonfinite())
+    if outcome.interrupted:
+        report.exit_code = int(ExitCode.INTERRUPTED)
+        report.notes.append(replay_words.replay_interrupted())
+    else:
+        report.exit_code = 1
+        report.notes.append(replay_words.refusal_not_nonfinite())
     return report
 
 

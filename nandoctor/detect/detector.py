@@ -410,9 +410,7 @@ class Detector(Observer):
             return None
         if self._refused is not None and _same_error(error, self._refused[0]):
             _, op, record = self._refused
-            self.detection = explain(record, StopReason.OP_REFUSED, self.recorder.forward_by_node, self.locator,
-                                     forward_by_line=self.recorder.forward_by_line,
-                                     refused_by=op)
+            self.detection = self._explain(record, StopReason.OP_REFUSED, refused_by=op)
             return self.detection
         if not speaks_of_nonfinite(error):
             return None
@@ -422,9 +420,13 @@ class Detector(Observer):
             birth = made_in_backward
         if birth is None:
             return None
-        self.detection = explain(birth, StopReason.SCRIPT_RAISED, self.recorder.forward_by_node, self.locator,
-                                     forward_by_line=self.recorder.forward_by_line)
+        self.detection = self._explain(birth, StopReason.SCRIPT_RAISED)
         return self.detection
+
+    def _explain(self, event: Record, reason: StopReason, **how) -> Detection:
+        """The detection of `event`: its lineage back to the root (see lineage.explain)."""
+        return explain(event, reason, self.recorder.forward_by_node, self.locator,
+                       forward_by_line=self.recorder.forward_by_line, **how)
 
     def first_nan(self) -> Detection | None:
         """The first NaN made in the run, explained as if it had stopped it, also when it
@@ -432,8 +434,7 @@ class Detector(Observer):
         birth = self.recorder.first_nan_birth
         if birth is None:
             return None
-        return explain(birth, StopReason.OP_MADE_NAN, self.recorder.forward_by_node, self.locator,
-                                     forward_by_line=self.recorder.forward_by_line)
+        return self._explain(birth, StopReason.OP_MADE_NAN)
 
     # -- the training boundaries (the observer protocol) ----------------------------------
 
@@ -748,9 +749,7 @@ class Detector(Observer):
             # backward op by op.
             needs_replay = True
         self.passive = True
-        self.detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
-                                 forward_by_line=self.recorder.forward_by_line,
-                                 needs_replay=needs_replay, flagged_suspects=suspects)
+        self.detection = self._explain(event, reason, needs_replay=needs_replay, flagged_suspects=suspects)
         raise NonFiniteFound(reason.value)
 
 

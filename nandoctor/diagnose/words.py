@@ -105,7 +105,7 @@ def _discarded_site(d: Discarded) -> str:
 
 
 def refused(op: str | None, error: BaseException) -> str:
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    message = next(iter(str(error).strip().splitlines()), "")
     return (f"`{op or 'an op'}` raised {type(error).__name__}" + (f" ({message})" if message else "")
             + " over this value: a NaN fails every range check (an Inf every bound), so the error comes from the "
             "non-finite value. Plain python dies of the same error without saying where the value came from.")

@@ -36,7 +36,7 @@ def fp16_overflow(ev: Evidence) -> Cause | None:
 
 
 # Ops that only convert a tensor's dtype: an Inf they make is the cast's, not arithmetic's.
-_CASTS = {"_to_copy", "to", "copy_", "copy", "_to_copy_"}
+_CASTS = {"_to_copy", "copy_", "copy"}
 
 
 # One step that multiplies the loss by a million is no noise: a learning rate so large the

@@ -234,7 +234,8 @@ def _a_weight(ev: Evidence) -> bool:
 # A divisor written as a spread of values: `x.std(0)`, `torch.var(x)`, `(x.max() - x.min())`.
 # The names people give a spread too: `sd`, `feature_std`, `var_y`, `stddev` (not a learned
 # `sigma`: a scale the model predicts is no spread of constant data).
-_SPREAD = re.compile(r"\b(?:\w+_)?(std|var|sd|stdev|stddev|variance)(?:_\w+)?\b|\bmax\b[^/]*-[^/]*\bmin\b")
+_RANGE = r"\ba?max\b[^/]*-[^/]*\ba?min\b"
+_SPREAD = re.compile(r"\b(?:\w+_)?(std|var|sd|stdev|stddev|variance)(?:_\w+)?\b|" + _RANGE)
 
 
 def _divides_by_a_spread(ev: Evidence) -> bool:
@@ -242,11 +243,9 @@ def _divides_by_a_spread(ev: Evidence) -> bool:
     Read from the code when autograd did not record what made the divisor (no_grad): on
     the line, or where the variable it divides by was assigned just above it
     (`sigma = past.std()` then `(x - mu) / sigma`)."""
-    location = ev.root.location
-    code = location.code if location else ""
-    if "/" not in code:
+    divisor, location = _divisor(ev)
+    if divisor is None:
         return False
-    divisor = code.split("/", 1)[1]
     if _SPREAD.search(divisor):
         return True
     name = re.match(r"=?\s*\(?\s*([A-Za-z_]\w*)\s*\)?\s*(?:$|[#,)\]])", divisor)
@@ -257,13 +256,15 @@ def _divides_by_a_spread(ev: Evidence) -> bool:
 
 def _divides_by_a_range(ev: Evidence) -> bool:
     """Is the divisor a max - min (`t.max() - t.min()`, `hi - lo` of a max and a min)?"""
+    divisor, location = _divisor(ev)
+    return divisor is not None and (bool(re.search(_RANGE, divisor)) or _a_range_of_names(divisor, location))
+
+
+def _divisor(ev: Evidence):
+    """(what the root's line divides by, as written, and the line's location), or (None, location)."""
     location = ev.root.location
     code = location.code if location else ""
-    if "/" not in code:
-        return False
-    divisor = code.split("/", 1)[1]
-    return bool(re.search(r"\bmax\b[^/]*-[^/]*\bmin\b|\bamax\b[^/]*-[^/]*\bamin\b", divisor)) \
-        or _a_range_of_names(divisor, location)
+    return (code.split("/", 1)[1] if "/" in code else None), location
 
 
 def _a_range_of_names(divisor: str, location) -> bool:
