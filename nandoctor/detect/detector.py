@@ -316,6 +316,16 @@ class Detector(Observer):
         if self.deferred.defer(func, args, out, node, created_seq):
             self.read_flags()
 
+    def defer_region(self, name: str, t: torch.Tensor, phase: str, where, module) -> None:
+        """Queue a device-side flag for a module region's output (see regions.py)."""
+        if self.deferred.defer_region(name, t, phase, where, module):
+            self.read_flags()
+
+    def defer_gradient(self, t: torch.Tensor) -> None:
+        """Queue a device-side flag for a gradient a backward node gave (see nodes.py)."""
+        if self.deferred.defer_gradient(t):
+            self.read_flags()
+
     def carry(self, args, out) -> None:
         self.recorder.carry(args, out)
 
@@ -456,14 +466,13 @@ class Detector(Observer):
         return self._backward_mark
 
     def _can_check_by_node(self, roots) -> bool:
-        """On the CPU, with ours the innermost mode: an accelerator's per-op flags are read
-        at boundaries already (a node's check would be a sync), and a script's own mode
-        sees the ops it asked for. Not under the script's own `detect_anomaly`: it raises
+        """With ours the innermost mode (a script's own mode sees the ops it asked for), on
+        the CPU or on an accelerator whose nodes then queue device flags (see nodes.py). Not under the script's own `detect_anomaly`: it raises
         from inside the engine before a node's post-hook runs, so only a per-op backward
         has seen the op that made the value by then."""
         return (self.backward_by_node and not self.passive and _get_current_dispatch_mode() is self.mode
                 and not torch.is_anomaly_enabled()
-                and all(t.device.type == "cpu" for t in roots if isinstance(t, torch.Tensor)))
+                and all(t.is_cpu or self.flags.covers(t) for t in roots if isinstance(t, torch.Tensor)))
 
     def _backward_ended(self) -> None:
         self.nodes.end()

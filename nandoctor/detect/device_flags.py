@@ -37,9 +37,9 @@ class FlaggedOp(NamedTuple):
     """What the hot path keeps about one deferred op: enough to name it, nothing heavy
     (no tensors, no autograd node: holding a node would keep its saved tensors alive)."""
 
-    func: object  # the ATen op overload (long-lived, so cheap to keep)
+    func: object  # the ATen op overload (long-lived, so cheap to keep), or a module region's name
     phase: str
-    dtype: torch.dtype
+    dtype: torch.dtype | None
     node_seq: int | None  # the backward node running it, or the node a forward op created
     node_name: str | None
     where: tuple | None  # (code, line), looked up only when no node site will name it
@@ -75,6 +75,10 @@ class DeviceFlags:
         """Check this op's output by a flag (instead of reading it on the host now)?"""
         # Only plain tensors with values: meta and fake tensors (subclasses) have none to flag.
         return self.enabled and type(t) is torch.Tensor and not t.is_meta and (self.defer_cpu or not t.is_cpu)
+
+    def covers(self, t: torch.Tensor) -> bool:
+        """Is `t` (a parameter too) where values are checked by flags rather than read?"""
+        return self.enabled and not t.is_meta and (self.defer_cpu or not t.is_cpu)
 
     def add(self, t: torch.Tensor, entry: FlaggedOp) -> bool:
         """Queue the flag of `t`; True when enough are pending that they should be read."""
@@ -114,6 +118,9 @@ def _accelerator_present() -> bool:
     return torch.cuda.is_available()
 
 
+_A_GRADIENT = FlaggedOp("a backward node's output", "backward", None, None, None, None, None, None)
+
+
 class DeferredOps:
     """The detector's side of device flags: queue an op's flag with what names it later,
     read them at a boundary and apply the same policy as a per-op check (policy.py). Every
@@ -140,6 +147,18 @@ class DeferredOps:
             where = None if created_seq is not None else r.locator.user_frame(2)
         entry = FlaggedOp(func, r.phase(node, args), out.dtype, seq, node_name, where, module, r.state.step_or_none)
         return self.flags.add(out, entry)
+
+    def defer_region(self, name: str, t: torch.Tensor, phase: str, where, module) -> bool:
+        """Queue the flag of a module region's output, named by the region (`name`), its
+        user line and module; True when it is time to read."""
+        entry = FlaggedOp(name, phase, t.dtype, None, None, where, module, self.recorder.state.step_or_none)
+        return self.flags.add(t, entry)
+
+    def defer_gradient(self, t: torch.Tensor) -> bool:
+        """Queue the flag of a gradient a backward node gave. What a backward flag tells
+        is only that backward made a non-finite value (see `read`): the step's check of
+        the gradients stops the run, and the replay names the op. So it carries no name."""
+        return self.flags.add(t, _A_GRADIENT)
 
     def read(self):
         """(record, reason) of the first flagged op that stops the run, or None."""

@@ -140,10 +140,7 @@ class CheckingMode(TorchDispatchMode):
             d.op_raised(error, base_name(func), args)
             raise
         if kind is OpKind.CHECKED:
-            if d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out):
-                if out.is_floating_point() and out.numel():
-                    d.defer(func, args, out, node, created)  # no host sync: read at the boundary
-            else:
+            if not (d.flags.enabled and self._deferred(func, args, out, node, created)):
                 self._check(func, args, kwargs, out, node, created, inplace, before)
         elif kind is OpKind.FILL:
             if writes_nonfinite_scalar(func, args, kwargs, d.records.get) and not (
@@ -163,6 +160,30 @@ class CheckingMode(TorchDispatchMode):
         elif kind is OpKind.ENTRY and isinstance(out, torch.Tensor) and not _finite(out):
             d.value_entered(out, str(func))
         return out
+
+    def _deferred(self, func, args, out, node, created) -> bool:
+        """Queue device flags for the op's outputs, no host sync (read at the boundary);
+        False when they live where a read is no sync, to be checked now. Several outputs
+        each get one: a layer norm's three, attention's output and log-sum-exp, a
+        `_foreach_*` op's list (read on the host, one per op would be a sync each)."""
+        d = self.detector
+        if isinstance(out, torch.Tensor):
+            if not d.flags.wants(out):
+                return False
+            if out.is_floating_point() and out.numel():
+                d.defer(func, args, out, node, created)
+            return True
+        if out is None and is_inplace(func) and args:  # _foreach_*_ ops return nothing
+            out = args[0]
+        if not isinstance(out, (tuple, list)):
+            return False
+        outputs = [t for t in value_outputs(func, out) if isinstance(t, torch.Tensor)]
+        if not outputs or not all(d.flags.wants(t) for t in outputs):
+            return False
+        for t in outputs:
+            if t.is_floating_point() and t.numel():
+                d.defer(func, args, t, node, created)
+        return True
 
     def _check(self, func, args, kwargs, out, node, created, inplace, before) -> None:
         d = self.detector

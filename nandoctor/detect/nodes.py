@@ -19,7 +19,12 @@ backward is an autograd.Function too, but runs no Python of the user's: most of 
 kernels no mode sees, so it is checked as one node, and a non-finite value it makes is
 found by the replay, which runs the compiled code eagerly (see compiled.py). Backward
 passes that build a graph (`create_graph=True`), those inside torch.func transforms,
-`autograd.grad` and non-CPU ones stay per-op throughout.
+`autograd.grad` stay per-op throughout.
+
+On an accelerator, where reading a check's answer is a host sync, a node's outputs each
+queue a device flag instead (see device_flags.py): a backward flag is read at the next
+boundary, where the step's check of the gradients stops the run and a seeded replay,
+which checks backward op by op, names the op.
 """
 from __future__ import annotations
 
@@ -206,8 +211,14 @@ class NodeChecks:
         detector = self.detector
         if detector.passive or not detector.mode_suspended:
             return None  # the per-op mode is on (a per-op backward): it checked each op itself
+        flags = detector.flags
         for index, g in enumerate(grad_inputs):
-            if g is not None and index not in left_to_the_step and not _finite(g):
+            if g is None or index in left_to_the_step:
+                continue
+            if flags.enabled and flags.covers(g):  # (on an accelerator: a read would be a sync)
+                if g.is_floating_point() and g.numel():
+                    detector.defer_gradient(g)
+            elif not _finite(g):
                 detector.node_went_nonfinite(grad_inputs, grad_outputs)
                 break
         return None

@@ -24,14 +24,20 @@ What a region keeps of per-op tracing:
 Not a region (op by op, as before): a module with hooks of its own or a user subclass
 anywhere below it (their Python code is the user's), BatchNorm and InstanceNorm with
 running statistics (a replay would update them twice), an in-place layer that is not
-idempotent (it changes the input the replay needs), inputs that are not plain CPU tensors
-(on an accelerator the check would be a host sync per region), a call inside a torch.func
+idempotent (it changes the input the replay needs), inputs that are not plain tensors, a
+tensor on an accelerator with device flags off (its check would be a host sync per
+region), a call inside a torch.func
 transform, one made while another dispatch mode is above ours or while someone else hooks
 every module (`register_module_forward_hook`: their code would run inside, unchecked).
 Dispatch modes are per thread, and so is a region. Whether a module is a
 region is decided at its first call (its own hooks at every call): a hook or a user module
 added below it later runs with the mode off, unchecked op by op, but the region's outputs
 are still checked and a replay still runs it op by op (such a hook then runs twice).
+
+On an accelerator, with device flags on, a region's output queues a flag instead of being
+read (see device_flags.py): a flagged region is not replayed at once, its inputs gone by
+the boundary; the seeded replay of the script, which runs every op under the mode, finds
+the op.
 
 A loss called as a function is a region too, where its one C call runs several ATen ops:
 `F.cross_entropy` is a log_softmax, the detach of what it saves and an nll_loss (a dozen
@@ -94,9 +100,14 @@ _ONLY_MOVES = (nn.Identity, nn.Flatten, nn.Unflatten)
 _FUNCTIONS = ((torch._C._nn, "cross_entropy_loss"),)
 
 
-def is_region(module: nn.Module) -> bool:
+def _on_the_cpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
+def is_region(module: nn.Module, checkable=_on_the_cpu) -> bool:
     """Can a call of `module` run with the per-op mode off and be replayed exactly (and is
-    it worth it)?"""
+    it worth it)? `checkable(t)`: can a region's output on the device of `t` be checked
+    without a host sync per region (on the CPU; on an accelerator, with device flags)?"""
     if isinstance(module, _ONLY_MOVES):
         return False
     for sub in module.modules():
@@ -111,9 +122,16 @@ def is_region(module: nn.Module) -> bool:
             return False
         if isinstance(sub, nn.Embedding) and sub.max_norm is not None:
             return False  # renormalises its weight in place
-        if any(t.device.type != "cpu" for t in sub.parameters(recurse=False)):
+        if not all(checkable(t) for t in sub.parameters(recurse=False)):
             return False
     return True
+
+
+def _region_name(called) -> str:
+    """How a flagged region is named until the replay finds its op: `torch.nn.LayerNorm`."""
+    if isinstance(called, nn.Module):
+        return f"torch.nn.{type(called).__name__}"
+    return f"torch.nn.functional.{getattr(called, '__name__', 'function')}"
 
 
 class _Open:
@@ -192,7 +210,7 @@ class ModuleRegions:
             return
         known = self._known.get(module)
         if known is None:
-            known = self._known[module] = is_region(module)
+            known = self._known[module] = is_region(module, self._checkable)
         if not known or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks \
                 or module._backward_pre_hooks or _others_hook_every_module():
             return
@@ -210,7 +228,7 @@ class ModuleRegions:
         if not depth or _mode_at(depth - 1) is not d.mode:
             return None  # the mode is off already (optimizer, data), or a script's mode is above ours
         for a in args:
-            if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or a.device.type != "cpu"):
+            if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or not self._checkable(a)):
                 return None
         self.open = _Open(called, _cpu_generator.get_state(), d.locator.user_frame(1), _sequence_nr(), _thread_id())
         _pop_mode(None)
@@ -233,14 +251,34 @@ class ModuleRegions:
             kwargs, output = kwargs_and_output
             self._replay(opened, lambda: module(*args, **kwargs), args, output)
 
+    def _checkable(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" or self.detector.flags.covers(t)
+
     def _close(self, opened: _Open, *output) -> bool:
         """The region's call ended, returning `output` (nothing: it raised). Its output is
         checked while the mode is still off, then the mode goes back on; False when the
         output is non-finite (to be replayed)."""
         self._stretch_ends(opened)
         self.open = None
-        finite = not output or _finite_output(output[0])
+        finite = not output or self._finite_or_flagged(opened, output[0])
         _push_mode(self.detector.mode)
+        return finite
+
+    def _finite_or_flagged(self, opened: _Open, output) -> bool:
+        """The hot path's check of a region's output: on the host, or, where a read would
+        be a host sync, one device flag per output tensor, read at the next boundary (True
+        then: a flagged region is found by the seeded replay, which runs it op by op)."""
+        d = self.detector
+        if not d.flags.enabled:
+            return _finite_output(output)
+        tensors = [output] if type(output) is torch.Tensor else [t for _, t in tensors_in(output)]
+        finite = True
+        for t in tensors:
+            if not d.flags.covers(t):
+                finite = finite and _finite(t)
+            elif t.is_floating_point() and t.numel():
+                d.defer_region(_region_name(opened.module), t, d.recorder.phase(None, ()), opened.site_line,
+                               d.modules.current)
         return finite
 
     def _function_region(self, original):

@@ -41,8 +41,14 @@ def started(mode: str, what: str, step: int, weights_clean: bool | None) -> str:
     value = "weights a state_dict() handed out" if what == "exported" else what
     return (f"{mode} mode: the {value} went non-finite {steps_done(step)}"
             + (" (the update was not applied)" if weights_clean and what not in _WEIGHTS else "")
-            + ("; re-running the script, checking each op inside optimizer.step(), to find the op..." if mode == "trace"
+            + (f"; re-running the script, checking {_replay_checks(what)}, to find the op..." if mode == "trace"
                else "; re-running the script under --mode trace to find the op..."))
+
+
+def _replay_checks(what: str) -> str:
+    """What trace's replay checks that its first run did not: the ops of the optimizer's
+    step, or every op as it runs (a device flag's op, a compiled region's)."""
+    return "each op inside optimizer.step()" if what == "parameter update" else "every op as it runs"
 
 
 def reproduced(mode: str, what: str, step: int) -> str:

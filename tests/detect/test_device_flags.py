@@ -57,12 +57,28 @@ class TestFlags:
 
 
 def no_host_reads(monkeypatch):
-    """Make the per-op host check fail loudly: deferred ops must never call it."""
+    """Make the per-op host check fail loudly: deferred ops must never call it, nor a
+    module region's check of its output or a backward node's of its gradients."""
+    from nandoctor.detect import nodes, regions
 
     def host_read(t):
         raise AssertionError("a per-op host read in a deferred run")
 
-    monkeypatch.setattr(checking_mode, "_finite", host_read)
+    for module in (checking_mode, regions, nodes):
+        monkeypatch.setattr(module, "_finite", host_read)
+
+
+class TinyBlock(torch.nn.Module):
+    """A pre-norm Transformer block of a user's own: its layer norms and linears are torch.nn
+    regions, its attention (SDPA: several outputs) runs op by op."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.norm, self.qkv, self.out = torch.nn.LayerNorm(dim), torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        return x + self.out(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 class TestDeferredDetection:
@@ -81,6 +97,52 @@ class TestDeferredDetection:
         assert root.location.code == "loss = torch.sqrt(w).sum()  # MARK-sqrt"
         assert root.facts.device_flag == "nan" and result.detection.needs_replay
         assert root.output is None and root.inputs == []  # the values are gone by the boundary
+
+    def test_a_training_step_makes_no_host_read_per_op_region_or_node(self, monkeypatch):
+        """On a GPU each read is a sync: a layer norm's three outputs, attention's outputs,
+        a region's output and a backward node's gradients are all flagged, not read."""
+        no_host_reads(monkeypatch)
+        torch.manual_seed(0)
+        block = TinyBlock()
+        opt = torch.optim.AdamW(block.parameters(), lr=1e-3)
+
+        def train():
+            for _ in range(2):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(block(torch.randn(2, 5, 8)), torch.zeros(2, 5, 8)).backward()
+                opt.step()
+
+        detected = detect(train, device_flags="always")
+        assert not detected.stopped
+        assert detected.detector.deferred.were_read
+
+    def test_a_nan_made_inside_a_module_region_is_flagged_with_the_region_and_line(self, monkeypatch):
+        no_host_reads(monkeypatch)
+        poisson = torch.nn.PoissonNLLLoss(log_input=False)  # log(rate): NaN for a negative rate
+        w, target = torch.nn.Parameter(torch.tensor([1.0, -2.0])), torch.ones(2)
+
+        def train():
+            loss = poisson(w * 3, target)  # MARK-region
+            loss.backward()
+
+        result = detect(train, device_flags="always")
+        assert result.stopped and result.detection.needs_replay  # the replay, op by op, finds the log
+        root = result.detection.root
+        assert root.op == "torch.nn.PoissonNLLLoss" and root.facts.device_flag == "nan"
+        assert root.location.code == "loss = poisson(w * 3, target)  # MARK-region"
+
+    def test_a_nan_made_by_a_backward_node_stops_before_the_update(self, monkeypatch):
+        no_host_reads(monkeypatch)
+        w = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def train():
+            (torch.sqrt(w * w) * 0).sum().backward()  # 0/0 in SqrtBackward0 only
+            opt.step()
+
+        result = detect(train, device_flags="always")
+        assert result.stopped and result.detection.needs_replay
+        assert torch.equal(w.detach(), torch.tensor([0.0, 1.0]))  # not updated
 
     def test_a_value_read_back_reads_the_pending_flags_first(self):
         result = detect(lambda: torch.log(torch.tensor([-1.0])).tolist(), device_flags="always")
@@ -193,3 +255,33 @@ class TestEndToEnd:
         assert report["root"]["op"] == "aten.sqrt.default" and report["root"]["location"]["line"] == 13
         assert report["step"] == 3
         assert "NaN in forward" in result.stderr
+
+    def test_a_module_region_flagged_on_the_device_is_replayed_to_its_op(self, tmp_path, script, always):
+        script("train.py", POISSON_RATE)
+        result = run_nandoctor(["run", *always, "train.py"], tmp_path)
+        assert result.code == 3, result.stderr
+        assert "the output of torch.nn.PoissonNLLLoss went non-finite" in result.stderr
+        assert "checking every op as it runs" in result.stderr
+        report = result.report
+        assert report["reproduced"] is True
+        assert report["root"]["op"] == "aten.log.default" and report["root"]["location"]["line"] == 11
+        assert report["cause"]["id"] == "log_nonpositive"
+
+
+# A Poisson regression whose rate is a raw linear output: PoissonNLLLoss(log_input=False)
+# takes its log inside the module (a region), NaN for the negative rates at line 11.
+POISSON_RATE = """\
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+loss_fn = torch.nn.PoissonNLLLoss(log_input=False)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, counts = torch.randn(32, 4), torch.poisson(torch.full((32, 1), 3.0))
+for step in range(5):
+    opt.zero_grad()
+    rate = model(x)
+    loss = loss_fn(rate, counts)
+    loss.backward()
+    opt.step()
+"""
