@@ -28,14 +28,35 @@ from nandoctor.detect.result import BatchOrigin
 ROWS_KEPT = 20
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamPosition:
+    """Where a batch of an IterableDataset came from, for fetching it again: it has no
+    indices, only its place in a stream (a worker's own stream, with workers)."""
+
+    batch_size: int | None  # samples a batch (None: the loader does not batch)
+    workers: int  # 0: the stream is iterated in this process
+    base_seed: int | None = None  # the loader's seed for this epoch's workers
+    worker_init_fn: Callable | None = None
+
+    def worker_of(self, batch_number: int) -> tuple[int | None, int]:
+        """(the worker that made batch `batch_number`, or None; its number in that worker's
+        stream): workers take the batches in turn."""
+        if not self.workers:
+            return None, batch_number
+        return batch_number % self.workers, batch_number // self.workers
+
+
 class BatchChecks:
-    def __init__(self, recorder: Recorder, refetch: Callable[..., list]) -> None:
+    def __init__(self, recorder: Recorder, refetch: Callable[..., list], refetch_stream: Callable[..., list]) -> None:
         self.recorder = recorder
         # refetch(dataset, indices, collate=None): again, under the per-op mode; gives the
         # non-finite tensors of the refetched samples (None: the dataset failed on a re-read)
         self.refetch = refetch
+        # refetch_stream(dataset, stream, batch_number, collate): an IterableDataset's batch
+        # again, from a new pass over its stream; the same answer as `refetch`
+        self.refetch_stream = refetch_stream
 
-    def check(self, batch, batch_number: int, indices, dataset=None, collate=None) -> None:
+    def check(self, batch, batch_number: int, indices, dataset=None, collate=None, stream=None) -> None:
         for path, t in tensors_in(batch):
             if not all_finite(t):
                 origin = batch_origin(t, path, batch_number, indices)
@@ -44,6 +65,8 @@ class BatchChecks:
                 fetched = None
                 if refetchable and origin.dataset_indices:
                     fetched = self.refetch(dataset, origin.dataset_indices)
+                elif stream is not None and dataset is not None:
+                    fetched = self.refetch_stream(dataset, stream, batch_number, collate if _own_collate(collate) else None)
                 if refetchable and self.recorder.first_birth_since(mark) is None and _own_collate(collate) \
                         and indices is not None:
                     # Not made in __getitem__: a collate_fn of the script's may have made it, from

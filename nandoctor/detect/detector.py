@@ -75,6 +75,29 @@ def _random_state_kept():
                 np.random.set_state(saved_numpy)
 
 
+@contextlib.contextmanager
+def _as_worker(dataset, stream, worker: int | None):
+    """In this process, what a DataLoader worker's code sees: `get_worker_info()` (a stream
+    sharded by worker reads it), the seeds torch gives the worker, its `worker_init_fn`."""
+    if worker is None:
+        yield
+        return
+    from torch.utils.data._utils import worker as worker_module
+
+    seed = (stream.base_seed or 0) + worker
+    saved = worker_module._worker_info
+    worker_module._worker_info = worker_module.WorkerInfo(id=worker, num_workers=stream.workers, seed=seed,
+                                                          dataset=dataset)
+    try:
+        random.seed(seed)
+        torch.manual_seed(seed)
+        if stream.worker_init_fn is not None:
+            stream.worker_init_fn(worker)
+        yield
+    finally:
+        worker_module._worker_info = saved
+
+
 def _forked() -> None:
     """In a child forked while a detector runs (a DataLoader worker started outside
     `DataLoader.__iter__`, a multiprocessing pool): the copied detector only watches the
@@ -190,7 +213,7 @@ class Detector(Observer):
                                  Allowances(run_settings.get("allow", ())))
         self.deferred = DeferredOps(self.flags, self.recorder, self.stop_inf_dtypes)
         self.boundaries = BoundaryChecks(self.state, self.recorder, self.stop)
-        self.batches = BatchChecks(self.recorder, self._refetch)
+        self.batches = BatchChecks(self.recorder, self._refetch, self._refetch_stream)
         self.saved = SavedValues(self.records)
         self.detection: Detection | None = None
         self._refused: tuple[Exception, str, Record] | None = None  # (error, op, input) of op_raised
@@ -690,10 +713,10 @@ class Detector(Observer):
         if not self.state.data_depth:
             self._resume()
 
-    def check_batch(self, batch, batch_number: int, indices, dataset=None, collate=None) -> None:
+    def check_batch(self, batch, batch_number: int, indices, dataset=None, collate=None, stream=None) -> None:
         if self.check_batches:
             with self.internal():
-                self.batches.check(batch, batch_number, indices, dataset, collate)
+                self.batches.check(batch, batch_number, indices, dataset, collate, stream)
 
     def _refetch(self, dataset, indices, collate=None) -> list[torch.Tensor] | None:
         """Fetch these samples again under the per-op mode (and collate them, when
@@ -718,6 +741,34 @@ class Detector(Observer):
             self.state.data_depth -= 1
         with self.internal():
             return [t for _, t in tensors_in(samples) if t.is_floating_point() and not all_finite(t)]
+
+    def _refetch_stream(self, dataset, stream, batch_number: int, collate=None) -> list[torch.Tensor] | None:
+        """An IterableDataset's batch `batch_number`, fetched again (see `_refetch`): a new
+        pass over the stream in this process, as the worker that made the batch (its
+        `get_worker_info()` and seeds), with the per-op mode off up to the batch and on for
+        its samples. Deterministic streams only, like any refetch."""
+        worker, number = stream.worker_of(batch_number)
+        per_batch = stream.batch_size or 1
+        self.state.data_depth += 1
+        try:
+            with _random_state_kept(), _as_worker(dataset, stream, worker):
+                samples = iter(dataset)
+                for _ in range(number * per_batch):  # (at the script's own speed: no op checked)
+                    next(samples)
+                self.passive = False
+                self._resume()
+                batch = [next(samples) for _ in range(per_batch)]
+                if collate is not None:
+                    collate(batch)
+        except NonFiniteFound:
+            raise
+        except Exception:  # noqa: BLE001 - a stream that ends or fails on a second pass: report the batch
+            return None
+        finally:
+            self.passive = True
+            self.state.data_depth -= 1
+        with self.internal():
+            return [t for _, t in tensors_in(batch) if t.is_floating_point() and not all_finite(t)]
 
     # -- stopping ------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from torch.amp.grad_scaler import GradScaler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from nandoctor.detect import compiled
+from nandoctor.detect.batches import StreamPosition
 from nandoctor.detect.compiled import CompileQuiet, code_of, compile_wrapper, compiling, hide_from_dynamo
 from nandoctor.detect.imports import ImportPatches
 
@@ -408,7 +409,9 @@ class TrainingHooks:
                 indices = pending.popleft() if pending else None
                 # Still inside data loading: the check itself runs without the per-op mode.
                 collate = getattr(iterator, "_collate_fn", None) if getattr(iterator, "_auto_collation", False) else None
-                observer.check_batch(batch, number, indices, getattr(iterator, "_dataset", None), collate)
+                dataset = getattr(iterator, "_dataset", None)
+                stream = _stream_position(iterator) if isinstance(dataset, torch.utils.data.IterableDataset) else None
+                observer.check_batch(batch, number, indices, dataset, collate, stream)
             finally:
                 observer.data_finished()
             return batch
@@ -427,6 +430,14 @@ class TrainingHooks:
             return index
 
         return _next_index
+
+
+def _stream_position(iterator) -> StreamPosition:
+    """Where an IterableDataset's batches come from (see `StreamPosition`)."""
+    sampler = getattr(iterator, "_index_sampler", None)
+    batch_size = getattr(sampler, "batch_size", None) if getattr(iterator, "_auto_collation", False) else None
+    return StreamPosition(batch_size, getattr(iterator, "_num_workers", 0), getattr(iterator, "_base_seed", None),
+                          getattr(iterator, "_worker_init_fn", None))
 
 
 def scriptable_as(original, wrapper):

@@ -154,9 +154,10 @@ class Observer:
     def data_finished(self) -> None:
         """...and is done (also when it raised)."""
 
-    def check_batch(self, batch, batch_number: int, indices, dataset=None, collate=None) -> None:
+    def check_batch(self, batch, batch_number: int, indices, dataset=None, collate=None, stream=None) -> None:
         """A batch came out of a DataLoader (only when `watches_data`): its number, the
-        dataset indices of its samples, the dataset and the function that collated them."""
+        dataset indices of its samples, the dataset and the function that collated them,
+        and for an IterableDataset its place in the stream (`batches.StreamPosition`)."""
 
     def value_read(self, t, value: float | None = None) -> None:
         """The script reads a tensor's values back (only when `watches_values`)."""

@@ -121,6 +121,49 @@ def test_the_sample_index_is_named_when_the_refetch_finds_the_op_in_process():
     assert found.detection.root.facts.batch.dataset_indices == (37,)
 
 
+class _Tiles(torch.utils.data.IterableDataset):
+    """Label tiles of a stream, each normalised by its max: the 11th tile is empty (0/0).
+    With workers, each takes every other tile (`get_worker_info`), as sharded streams do."""
+
+    def __init__(self, guard: bool = False):
+        self.guard = guard
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, every = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start, 24, every):
+            label = torch.zeros(4) if i == 11 else torch.rand(4) + 0.1
+            peak = label.max()
+            yield torch.ones(4) * i / 24, (label / peak.clamp_min(1e-6) if self.guard else label / peak)  # MARK-tile
+
+
+def _stream_training(num_workers: int, guard: bool = False):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(_Tiles(guard), batch_size=4, num_workers=num_workers):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterable_datasets_bad_batch_is_fetched_again_from_its_stream_to_the_op(num_workers):
+    """No indices to fetch again: the stream is read again in this process, as the worker
+    that made the batch, up to that batch, and its samples under the per-op mode."""
+    found = detect(lambda: _stream_training(num_workers))
+    assert found.stopped
+    root = found.detection.root
+    assert root.op == "aten.div.Tensor" and root.phase == "data"
+    assert "MARK-tile" in root.location.code and root.location.function == "__iter__"
+    assert root.facts.batch.number == (2 if num_workers == 0 else 3)  # (worker 1's second batch)
+
+
+def test_near_miss_a_guarded_stream_is_clean_and_yields_what_it_yields_in_plain_python():
+    assert not detect(lambda: _stream_training(0, guard=True)).stopped
+
+
 class _FlakyOnFirstRead(Dataset):
     """Sample 5 is NaN the first time it is read only (a random crop that happened to be
     constant, state of the worker): a second read of it is finite."""

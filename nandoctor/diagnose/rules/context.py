@@ -156,8 +156,8 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
         return Cause(
             "nonfinite_input_data",
             "a batch arrived from the DataLoader already non-finite",
-            f"{where} holds {_bad(out)} before any model op ran{samples}. The data itself (or the Dataset's "
-            f"transforms, run in worker processes) contains NaN/Inf.{again}",
+            f"{where} holds {_bad(out)} before any model op ran{samples}. The data itself contains NaN/Inf, or "
+            f"code of the Dataset's that could not be run again here made it.{again}",
             "Find and fix the samples: `nandoctor check-data <your data folder>` scans the files; in the Dataset, "
             "guard normalisations (`x / x.max()` of an all-zero sample) and drop or repair bad records.",
         )
