@@ -6,6 +6,7 @@ and nothing else; a `Location` with the source text is only built for the report
 """
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
 import re
@@ -89,6 +90,18 @@ class SourceLocator:
                 return code, frame.f_lineno
             frame = frame.f_back
         return None
+
+    def in_user_generator(self) -> bool:
+        """Is the op running inside a generator function of the user's, between two of its
+        yields? A sample or batch stream written by hand (`def batches(): ... yield x, y`)
+        prepares data as a Dataset does. On the rare path only: it looks at the stack."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_flags & inspect.CO_GENERATOR and self._user_code(code):
+                return True
+            frame = frame.f_back
+        return False
 
     def library_frame(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
         """(code, line) of the innermost frame of an installed framework (Keras, Lightning,

@@ -765,6 +765,41 @@ class TestPhasesAndSteps:
         assert d.lineage[1].op == "" and d.lineage[1].facts.batch.dataset_indices == (2,)
 
     @staticmethod
+    def generator_training(loss_in_the_generator: bool):
+        """Batches from a generator of the script's own: its masks normalised by their max,
+        the second one empty (0/0). Or the generator also computes the loss."""
+        model, opt = torch.nn.Linear(3, 3), None
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def batches():
+            for i in range(3):
+                mask = torch.zeros(3) if i == 1 else torch.rand(3) + 0.1
+                target = mask / mask.max()  # MARK-stream
+                if loss_in_the_generator:
+                    yield torch.log(model(torch.ones(3)) - 10).mean()  # MARK-loss
+                else:
+                    yield torch.ones(3), target
+
+        def train():
+            for item in batches():
+                loss = item if loss_in_the_generator else ((model(item[0]) - item[1]) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+        return train
+
+    def test_a_nan_made_inside_a_batch_generator_of_the_scripts_is_phase_data(self):
+        d = detect(self.generator_training(loss_in_the_generator=False)).detection
+        assert d.root.op == "aten.div.Tensor" and "MARK-stream" in d.root.location.code
+        assert d.root.phase == "data"
+
+    def test_near_miss_a_loss_computed_inside_a_generator_is_still_forward(self):
+        d = detect(self.generator_training(loss_in_the_generator=True)).detection
+        assert d.root.op == "aten.log.default" and "MARK-loss" in d.root.location.code
+        assert d.root.phase == "forward"
+
+    @staticmethod
     def loader_with_a_nan_at_index_4():
         data = torch.ones(6, 2)
         data[4, 1] = float("nan")

@@ -319,6 +319,10 @@ class TestDivision:
         cause = cause_of(train_steps(lambda: ((pred - target) / target)[target != 0].abs().mean(), [pred]))
         assert cause.id == "masked_inf_gradient_leak"
         assert "DivBackward0" in cause.explanation and "where" in cause.fix
+        # Said of the script's own division: a zero gradient over the zero it divided by,
+        # and a fix written for any numerator and denominator, not for names it lacks.
+        assert "computes 0/0 = NaN" in cause.explanation
+        assert "torch.where(keep, num / safe, 0)" in cause.fix and "pred" not in cause.fix
 
     @staticmethod
     def _ratio_without_nans(safe: bool):
@@ -417,6 +421,12 @@ class TestExpAndOverflow:
         a = torch.nn.Parameter(torch.tensor([1e5, 1.0]))
         cause = cause_of(lambda: (torch.rand(2) / torch.exp(a)).sum().backward())
         assert "learning rate" not in cause.explanation and cause.fix.startswith("Subtract the max")
+
+    def test_exp_in_float16_is_clamped_to_its_own_range_or_computed_in_float32(self):
+        a = torch.nn.Parameter(torch.tensor([12.0, 1.0], dtype=torch.float16))  # exp(12) > 65504
+        cause = cause_of(lambda: (torch.rand(2, dtype=torch.float16) / torch.exp(a)).sum().backward())
+        assert cause.id == "exp_overflow" and "11.09" in cause.explanation
+        assert "x.clamp(max=11)" in cause.fix and "float32" in cause.fix and "max=80" not in cause.fix
 
     def test_near_miss_exp_of_80_is_fine(self):
         assert stays_clean(lambda: torch.exp(torch.tensor([80.0])) / 2)

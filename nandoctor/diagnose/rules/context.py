@@ -91,11 +91,17 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         f"At {ev.where} ({ev.code}) `{ev.op}` makes {count_of(infs, out)} non-finite values in forward. "
         "They are dropped afterwards (by indexing, `where`, a mask, or an op that maps them to finite values, as "
         "exp(-inf) = 0), so the loss is finite, but backward still "
-        f"runs through every position: `{node}` computes 0 * Inf = NaN for the dropped ones, and the NaN reaches "
-        "the gradients (pytorch issue 4132).",
+        f"runs through every position: `{node}` computes {_zero_times(node)} = NaN for the dropped ones, and the "
+        "NaN reaches the gradients (pytorch issue 4132).",
         _log_of_softmax_fix(ev) or "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): "
         + _safe_before(ev.op),
     )
+
+
+def _zero_times(node: str) -> str:
+    """What a backward formula makes of a dropped position's zero gradient: divided by the
+    zero it divided by (div, log, reciprocal), or times an Inf factor (exp, pow)."""
+    return "0/0" if node.startswith(("Div", "Log", "Reciprocal")) else "0 * Inf"
 
 
 def _log_of_softmax_fix(ev: Evidence) -> str | None:
@@ -116,8 +122,9 @@ def _safe_before(name: str) -> str:
         return ("`torch.log(torch.where(valid, p, 1.0))` instead of `torch.log(p)`, where `p` is 0 at the dropped "
                 "positions (`p * log(p)` is then 0 there, with a zero gradient).")
     if name in ("div", "reciprocal", "true_divide"):
-        return ("`safe = torch.where(mask, target, torch.ones_like(target)); rel = torch.where(mask, (pred - target) / "
-                "safe, 0)`, or select first and divide after: `(pred[mask] - target[mask]) / target[mask]`.")
+        return ("for `num / den`, with `keep` true where the result is kept: `safe = torch.where(keep, den, "
+                "torch.ones_like(den)); out = torch.where(keep, num / safe, 0)`, or select first and divide after: "
+                "`num[keep] / den[keep]`.")
     return ("replace the non-finite values by any finite one where they will be dropped (`x = torch.where(valid, x, "
             "0.0)`, `torch.nan_to_num(x, posinf=0.0, neginf=0.0)`) before the arithmetic, not after it.")
 

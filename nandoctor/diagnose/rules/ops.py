@@ -390,8 +390,15 @@ def exp_overflow(ev: Evidence) -> Cause | None:
                else None,
                "Subtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` do it "
                "for you), keep the computation in log space (`c * torch.exp(-a)` as `torch.exp(torch.log(c) - a)`), "
-               "or clamp the exponent: `torch.exp(x.clamp(max=80))`."),
+               f"or {_exp_clamp(ev.dtype)}"),
     )
+
+
+def _exp_clamp(dtype: str) -> str:
+    """The clamp that keeps exp finite in `dtype` (float16's range ends at exp(11.09))."""
+    if dtype == "float16":
+        return "compute it in float32 (`torch.exp(x.float())`); in float16 clamp the exponent: `torch.exp(x.clamp(max=11))`."
+    return f"clamp the exponent: `torch.exp(x.clamp(max={700 if dtype == 'float64' else 80}))`."
 
 
 # No healthy forward feeds exp values this large (a softmax logit is rarely above 100):
