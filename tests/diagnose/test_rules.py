@@ -102,6 +102,12 @@ class TestLogNonpositive:
         assert cause.id == "log_nonpositive"
         assert "1 of 3 inputs are 0" in cause.explanation and "1 of 3 are negative" in cause.explanation
         assert "clamp_min" in cause.fix
+        assert "log_softmax" not in cause.fix  # (no softmax made its input)
+
+    def test_log_of_a_softmax_points_at_log_softmax(self):
+        logits = torch.nn.Parameter(torch.tensor([[0.0, -200.0]]))  # (exp(-200) underflows to 0)
+        cause = cause_of(lambda: torch.log(torch.softmax(logits, -1)).sum())
+        assert cause.id == "log_nonpositive" and "log_softmax" in cause.fix
 
     def test_log_of_one_minus_a_bfloat16_probability_that_rounded_to_one(self):
         logits = torch.tensor([2.0, 7.0])  # sigmoid(7) = 0.9991: exactly 1.0 in bfloat16
@@ -166,6 +172,16 @@ class TestDivision:
         cause = cause_of(lambda: mask / mask.max())
         assert cause.id == "div_by_zero"
         assert "0/0 = NaN" in cause.explanation and "all zeros" in cause.explanation
+
+    def test_a_denominator_with_negative_values_is_guarded_keeping_its_sign(self):
+        d = torch.tensor([-2.0, 0.0, 3.0])
+        cause = cause_of(lambda: torch.ones(3) / d)
+        assert cause.id == "div_by_zero" and "keeping its sign" in cause.fix and "d.abs() < eps" in cause.fix
+
+    def test_an_angle_by_hand_points_at_atan2(self):
+        v = torch.tensor([[0.0, 0.0], [1.0, 2.0]])
+        cause = cause_of(lambda: torch.atan(v[:, 1] / v[:, 0]).sum())
+        assert cause.id == "div_by_zero" and "torch.atan2(y, x)" in cause.fix
 
     def test_division_by_a_zero_std_is_zero_variance(self):
         x = torch.nn.Parameter(torch.ones(8, 3))

@@ -74,9 +74,9 @@ def log_nonpositive(ev: Evidence) -> Cause | None:
         _first((in_log_space or "Compute it in log space (`F.logsigmoid(x)` / `F.logsigmoid(-x)` for log(p) / "
                 "log(1 - p), `F.binary_cross_entropy_with_logits`)") + (", or in float32 outside autocast; or" if rounded else "; or")
                if rounded or saturated else None,
-               "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), "
-               "parametrise positive quantities as `softplus(raw)` or `exp(log_param)`, "
-               "and use `F.log_softmax` / `F.cross_entropy` on logits instead of log(softmax)."),
+               "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32)"
+               + (", and use `F.log_softmax` / `F.cross_entropy` on the logits instead of log(softmax)."
+                  if underflow else ", or parametrise a positive quantity as `softplus(raw)` or `exp(log_param)`.")),
     )
 
 
@@ -144,9 +144,26 @@ def div_by_zero(ev: Evidence) -> Cause | None:
         + _rounded_to_zero(den.dtype, "a number near 1 (a `beta` of 0.999, a probability)", "`1 - beta`"),
         _first("Compute the denominator in float32 (a `1 - beta**n` of a bfloat16 beta is 0 in bfloat16), then "
                "cast;" if _rounded_to_zero(den.dtype) else None,
+               _angle_fix(ev) or _signed_guard(den) or
                "Guard the denominator: `x / d.clamp_min(eps)` or `x / (d + eps)`; for a max/sum normaliser, "
                "skip or special-case empty inputs (`d = m.max(); m / d if d > 0 else m`)."),
     )
+
+
+def _angle_fix(ev: Evidence) -> str | None:
+    """`atan(y / x)`: an angle by hand, which atan2 computes without dividing."""
+    if not any(site.op.startswith("aten.atan.") for site in ev.lineage[1:3]):
+        return None
+    return ("Compute the angle with `torch.atan2(y, x)` instead of `torch.atan(y / x)`: it never divides, is "
+            "defined at x = 0 and keeps the quadrant.")
+
+
+def _signed_guard(den) -> str | None:
+    """A denominator with negative values: `clamp_min(eps)` would turn every one into eps."""
+    if not den.negatives:
+        return None
+    return ("Guard the denominator keeping its sign (it has negative values, which `d.clamp_min(eps)` would "
+            "turn into eps): `x / torch.where(d.abs() < eps, eps, d)`, or skip the positions where it is 0.")
 
 
 def _near_zero_divisor(ev: Evidence, num, den) -> Cause | None:
