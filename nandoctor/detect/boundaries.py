@@ -31,16 +31,21 @@ class BoundaryChecks:
         self.stop = stop
         self._optimizers_checked: "weakref.WeakSet" = weakref.WeakSet()
         self.optimizers: "weakref.WeakSet" = weakref.WeakSet()  # every optimizer made in the run
+        self._kept_losses: list[torch.Tensor] = []  # losses not read at backward() (see `loss`)
 
     # -- backward ----------------------------------------------------------------------
 
-    def loss(self, tensors, amp: ScalerTracker | None = None) -> int:
+    def loss(self, tensors, amp: ScalerTracker | None = None, keep: bool = False) -> int:
         """The loss reaches backward(): a non-finite loss stops the run here (a GradScaler's
-        loss, `amp`: when it is non-finite several steps in a row, see amp.py). Returns a
-        mark: any non-finite value made in backward after it is a reason to look at the
-        gradients."""
+        loss, `amp`: when it is non-finite several steps in a row, see amp.py). With `keep`
+        (on an accelerator, where a read is a host sync) a scalar loss is kept on its device
+        and read with the step's check instead (`kept_losses`). Returns a mark: any
+        non-finite value made in backward after it is a reason to look at the gradients."""
         for t in tensors[:1] if amp is not None else tensors:
             if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()) or t.is_meta:
+                continue
+            if keep and t.numel() == 1:
+                self._kept_losses.append(t.detach().reshape(()))
                 continue
             if t.numel() == 1:  # the usual scalar loss: one read gives the value and the check
                 value = float(t.detach().item())
@@ -56,6 +61,17 @@ class BoundaryChecks:
                     birth_of(record).facts.amp = amp.facts()
                 self.stop(record, StopReason.LOSS)
         return next_order()
+
+    def kept_losses(self) -> None:
+        """The losses `loss` kept since the last step, read in one transfer: noted in the
+        history, and a non-finite one stops the run (before the update: the step's boundary)."""
+        if not self._kept_losses:
+            return
+        kept, self._kept_losses = self._kept_losses, []
+        for t, value in zip(kept, _values(kept)):
+            self.state.note_loss(value)
+            if not math.isfinite(value):
+                self.stop(self.recorder.existing_or_bare(t, "loss", "forward"), StopReason.LOSS)
 
     def gradients_after_backward(self, roots, mark: int, check: bool = True) -> None:
         """A leaf's gradient still non-finite after backward() stops the run. Only walked when
@@ -168,6 +184,13 @@ def all_finite_sum(tensors: list[torch.Tensor]) -> bool:
         if len({(s.device, s.dtype) for s in sums}) > 1:  # (model parallel, mixed precision)
             return all(math.isfinite(float(s.item())) for s in sums)
         return math.isfinite(float(torch.stack(sums).sum().item()))
+
+
+def _values(scalars: list[torch.Tensor]) -> list[float]:
+    """0-d tensors as numbers: stacked, one transfer, where they share a device."""
+    if len({t.device for t in scalars}) == 1:
+        return torch.stack([t.float() for t in scalars]).tolist()
+    return [float(t.item()) for t in scalars]
 
 
 def _parameters(optimizer):

@@ -98,6 +98,9 @@ def _as_worker(dataset, stream, worker: int | None):
         worker_module._worker_info = saved
 
 
+_THE_UPDATE = "the parameters after optimizer.step()"  # (how a flagged update is named until the replay)
+
+
 def _forked() -> None:
     """In a child forked while a detector runs (a DataLoader worker started outside
     `DataLoader.__iter__`, a multiprocessing pool): the copied detector only watches the
@@ -221,6 +224,7 @@ class Detector(Observer):
         self._suspended = False
         self._stepping = 0  # optimizer.step() calls running (see `stepping`)
         self._scaled_backward = False
+        self._read_at_the_step = False  # this backward leaves its reads to the step (see `_reads_at_the_step`)
         self._backward_mark = 0
         self.nodes = NodeChecks(self)
         self.regions = ModuleRegions(self, module_regions)
@@ -245,8 +249,10 @@ class Detector(Observer):
             self.regions.runtime_code()
 
     def finish(self) -> None:
-        """The script ended: flags still pending are read (a NaN in its last ops counts)."""
+        """The script ended: flags and losses still pending are read (a NaN in its last ops counts)."""
         self.read_flags()
+        with self.internal():
+            self.boundaries.kept_losses()
 
     def __exit__(self, *exc) -> None:
         _RUNNING.discard(self)
@@ -341,7 +347,7 @@ class Detector(Observer):
 
     def defer_region(self, name: str, t: torch.Tensor, phase: str, where, module) -> None:
         """Queue a device-side flag for a module region's output (see regions.py)."""
-        if self.deferred.defer_region(name, t, phase, where, module):
+        if self.deferred.defer_named(name, t, phase, where, module):
             self.read_flags()
 
     def defer_gradient(self, t: torch.Tensor) -> None:
@@ -474,19 +480,33 @@ class Detector(Observer):
     def before_backward(self, roots, plain: bool = False) -> int:
         self.state.training_started = True
         self.regions.close_interrupted()
-        self.read_flags()
         graph = roots  # what backward() runs from (a GradScaler's scaled loss)
         roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
+        self._read_at_the_step = self._reads_at_the_step(roots)
+        if not self._read_at_the_step:
+            self.read_flags()
         by_node = plain and self._can_check_by_node(graph)
         self._by_node.append(by_node and not self._suspended)
         self.nodes.begin(graph if by_node else None)
         if by_node:
             self._suspend()  # (first: the loss's read and the arming run no op through the mode)
         with self.internal():
-            self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None)
+            self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None,
+                                                       keep=self._read_at_the_step)
             if by_node:
                 self.nodes.arm()
         return self._backward_mark
+
+    def _reads_at_the_step(self, roots) -> bool:
+        """Leave this backward's reads (the flags before and after it, the loss) to the
+        step's boundary? On an accelerator each read is a host sync, and a step checks the
+        flags, the loss and the gradients before any update anyway: one sync a step then.
+        Not without an optimizer (nothing else would read them), inside one's step (a
+        closure's backward: its step boundary has passed), or for a GradScaler's loss
+        (the scaler decides at once whether the step is skipped)."""
+        return (self.flags.enabled and self.state.optimizer_seen and not self._stepping
+                and not self._scaled_backward
+                and all(self.flags.covers(t) for t in roots if isinstance(t, torch.Tensor)))
 
     def _can_check_by_node(self, roots) -> bool:
         """With ours the innermost mode (a script's own mode sees the ops it asked for), on
@@ -585,7 +605,8 @@ class Detector(Observer):
 
     def after_backward(self, roots, mark: int) -> None:
         self._backward_ended()
-        self.read_flags()
+        if not self._read_at_the_step:
+            self.read_flags()
         with self.internal():
             # The gradients of a scaled loss are the scaler's to check (it skips the step).
             self.boundaries.gradients_after_backward(roots, mark, check=not self._scaled_backward)
@@ -621,10 +642,11 @@ class Detector(Observer):
     def before_optimizer_step(self, optimizer) -> None:
         self.state.optimizer_created()
         self.regions.close_interrupted()
-        self.read_flags()  # ops since backward (gradient clipping, loss scaling)
+        self.read_flags()  # ops since backward (gradient clipping, loss scaling), or all since the last step
         if not self.check_optimizer_ops:
             self._suspend()  # off the mode before our own checks too: no dispatch overhead
         with self.internal():
+            self.boundaries.kept_losses()
             self.boundaries.before_step(optimizer)
         self.state.in_optimizer = True
 
@@ -672,7 +694,8 @@ class Detector(Observer):
         self.state.in_optimizer = False
         if not self.check_optimizer_ops:
             with self.internal():
-                self.boundaries.after_step(optimizer)
+                if not self._flag_the_update(optimizer):
+                    self.boundaries.after_step(optimizer)
         if not self._stepping:  # (else `stepping` puts it back, after torch's profiler mark)
             self._resume()
         self.deferred.suspects.clear()
@@ -681,6 +704,19 @@ class Detector(Observer):
         except (StepLimitReached, PeerStopped):
             self.passive = True
             raise
+
+    def _flag_the_update(self, optimizer) -> bool:
+        """On an accelerator, the parameters' check after the step is a device flag (one
+        fused norm, in float64 where no finite value overflows), read with the next step's
+        check, not a host sync now; a flagged update is localised by the replay, which
+        checks each op of the step. False where the check is made on the host."""
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.is_floating_point() and not p.is_meta]
+        if not params or not all(self.flags.covers(p) for p in params) or len({p.device for p in params}) > 1:
+            return False
+        norms = torch.stack(torch._foreach_norm(params, 2, dtype=torch.float64))
+        if self.deferred.defer_named(_THE_UPDATE, norms, "optimizer", self.locator.user_frame(2), None):
+            self.read_flags()
+        return True
 
     def compiled_call(self, fn, name: str, args, kwargs):
         if self.passive or self.eager_compiled:

@@ -93,7 +93,7 @@ class DeviceFlags:
         return len(self._entries) >= PENDING_LIMIT
 
     def read(self) -> list[Flagged]:
-        """The non-finite flags since the last read, in op order: one host sync per device
+        """The non-finite flags since the last read, in op order: one host read per device
         when all are finite (the usual case), two when some are not."""
         if not self._entries:
             return []
@@ -106,8 +106,8 @@ class DeviceFlags:
             if bool(finite.all()):
                 continue
             rows = (~finite).nonzero().flatten()
-            has_nan = torch.isnan(pairs[rows]).any(dim=1).tolist()
-            flagged += [(owners[device][row], nan) for row, nan in zip(rows.tolist(), has_nan)]
+            rows_and_nan = torch.stack([rows, torch.isnan(pairs[rows]).any(dim=1).long()]).tolist()  # (one read)
+            flagged += [(owners[device][row], bool(nan)) for row, nan in zip(*rows_and_nan)]
         return [Flagged(entries[index], nan) for index, nan in sorted(flagged)]
 
 
@@ -148,9 +148,10 @@ class DeferredOps:
         entry = FlaggedOp(func, r.phase(node, args), out.dtype, seq, node_name, where, module, r.state.step_or_none)
         return self.flags.add(out, entry)
 
-    def defer_region(self, name: str, t: torch.Tensor, phase: str, where, module) -> bool:
-        """Queue the flag of a module region's output, named by the region (`name`), its
-        user line and module; True when it is time to read."""
+    def defer_named(self, name: str, t: torch.Tensor, phase: str, where, module) -> bool:
+        """Queue the flag of what more than one op made (a module region's output, the
+        parameters after a step), named by `name`, with its user line and module; True
+        when it is time to read."""
         entry = FlaggedOp(name, phase, t.dtype, None, None, where, module, self.recorder.state.step_or_none)
         return self.flags.add(t, entry)
 

@@ -143,9 +143,10 @@ class CheckingMode(TorchDispatchMode):
             if not (d.flags.enabled and self._deferred(func, args, out, node, created)):
                 self._check(func, args, kwargs, out, node, created, inplace, before)
         elif kind is OpKind.FILL:
-            if writes_nonfinite_scalar(func, args, kwargs, d.records.get) and not (
-                    d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out)):
-                # (A deferred run keeps no lineage, so an intended -inf needs no record there.)
+            # (A deferred run keeps no lineage, so an intended -inf needs no record there; nor
+            # is a 0-d scalar it was handed read: on an accelerator that read is a sync.)
+            deferred = d.flags.enabled and isinstance(out, torch.Tensor) and d.flags.wants(out)
+            if not deferred and writes_nonfinite_scalar(func, args, kwargs, d.records.get):
                 d.on_nonfinite(func, args, kwargs, out, node, created, intended=True)
             elif writes_undefined(func, args):
                 d.on_nonfinite(func, args, kwargs, out, node, created)  # a NaN the op computed

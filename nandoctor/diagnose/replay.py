@@ -17,10 +17,10 @@ _DETERMINISM_FIX = (
 def subject(detection: Detection) -> str:
     """What a trace-mode replay looks for, in the words of its progress line."""
     root = detection.root
-    if root.facts.device_flag is not None:
-        return f"output of {root.op}"
     if root.facts.written_by_optimizer or root.phase == "optimizer":
         return "parameter update"
+    if root.facts.device_flag is not None:
+        return f"output of {root.op}"
     if root.op == "loss":
         return "loss"
     return "gradient" if root.phase == "backward" else "value"

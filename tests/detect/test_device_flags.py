@@ -116,6 +116,34 @@ class TestDeferredDetection:
         assert not detected.stopped
         assert detected.detector.deferred.were_read
 
+    def test_a_training_step_reads_the_host_only_at_its_step(self, monkeypatch):
+        """On a GPU every read is a sync: the flags, the loss and the gradients' norm are
+        read together before the update, the parameters' check after it is a flag too."""
+        events: list[str] = []
+        for name in ("item", "tolist", "__bool__"):
+            real = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _real=real, **k: (events.append("read"), _real(t, *a, **k))[1])
+        torch.manual_seed(0)
+        block = TinyBlock()
+        opt = torch.optim.SGD(block.parameters(), lr=1e-3)
+
+        def train():
+            for _ in range(3):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(block(torch.randn(2, 5, 8)), torch.zeros(2, 5, 8)).backward()
+                events.append("step")
+                opt.step()
+                events.append("stepped")
+
+        assert not detect(train, device_flags="always").stopped
+        steps = "".join("r" if e == "read" else "[" if e == "step" else "]" for e in events)
+        # After the first step (which reads at backward, before the optimizer is known, and
+        # checks the parameters once): reads only inside the step, before the update. The
+        # flags (twice: the causal mask's -inf is flagged, and read as a suspect), the
+        # loss and the gradients' norm.
+        later = steps.split("]")[1:-1]
+        assert later == ["[rrrr", "[rrrr"], steps
+
     def test_a_nan_made_inside_a_module_region_is_flagged_with_the_region_and_line(self, monkeypatch):
         no_host_reads(monkeypatch)
         poisson = torch.nn.PoissonNLLLoss(log_input=False)  # log(rate): NaN for a negative rate
