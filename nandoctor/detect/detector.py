@@ -510,9 +510,10 @@ class Detector(Observer):
 
     def _can_check_by_node(self, roots) -> bool:
         """With ours the innermost mode (a script's own mode sees the ops it asked for), on
-        the CPU or on an accelerator whose nodes then queue device flags (see nodes.py). Not under the script's own `detect_anomaly`: it raises
-        from inside the engine before a node's post-hook runs, so only a per-op backward
-        has seen the op that made the value by then."""
+        the CPU or on an accelerator whose nodes then queue device flags (see nodes.py).
+        Not under the script's own `detect_anomaly`: it raises from inside the engine
+        before a node's post-hook runs, so only a per-op backward has seen the op that
+        made the value by then."""
         return (self.backward_by_node and not self.passive and _get_current_dispatch_mode() is self.mode
                 and not torch.is_anomaly_enabled()
                 and all(t.is_cpu or self.flags.covers(t) for t in roots if isinstance(t, torch.Tensor)))
