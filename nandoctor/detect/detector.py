@@ -214,7 +214,7 @@ class Detector(Observer):
         self.passive = False  # True while nandoctor runs its own ops, and after a stop
         self.recorder = Recorder(self.state, self.locator, self.modules, self.sites, self.records,
                                  Allowances(run_settings.get("allow", ())))
-        self.deferred = DeferredOps(self.flags, self.recorder, self.stop_inf_dtypes)
+        self.deferred = DeferredOps(self.flags, self.recorder)
         self.boundaries = BoundaryChecks(self.state, self.recorder, self.stop)
         self.batches = BatchChecks(self.recorder, self._refetch, self._refetch_stream)
         self.saved = SavedValues(self.records)

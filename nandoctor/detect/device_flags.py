@@ -123,16 +123,19 @@ _A_GRADIENT = FlaggedOp("a backward node's output", "backward", None, None, None
 
 class DeferredOps:
     """The detector's side of device flags: queue an op's flag with what names it later,
-    read them at a boundary and apply the same policy as a per-op check (policy.py). Every
-    flagged op outside backward is counted as made (flags cannot tell a value's birth from
-    the ops it flowed through)."""
+    read them at a boundary and apply the same policy as a per-op check (policy.py), but
+    for `stop_on_inf_dtypes`. Every flagged op outside backward is counted as made (flags
+    cannot tell a value's birth from the ops it flowed through). For the same reason an Inf
+    in float16 is a suspect here, not a stop: a flag cannot tell an overflow from a -inf
+    mask passed on (`scores + mask`, a LogSoftmax over masked logits), which per-op
+    tracing follows by its record. An overflow that matters stops the run where it reaches
+    the loss or a gradient, and the replay, checking each op at once, applies the policy."""
 
     SUSPECTS_KEPT = 16
 
-    def __init__(self, flags: DeviceFlags, recorder, stop_inf_dtypes) -> None:
+    def __init__(self, flags: DeviceFlags, recorder) -> None:
         self.flags = flags
         self.recorder = recorder
-        self.stop_inf_dtypes = stop_inf_dtypes
         self.were_read = False  # some boundary read flags: this run keeps no lineage for them
         self.suspects: list = []  # records of this step's flagged suspects (the candidates)
 
@@ -169,8 +172,7 @@ class DeferredOps:
                 self.recorder.last_backward_order = next_order()
                 continue
             record = self._record(flag)
-            reason = op_verdict(record.phase, flag.has_nan, not flag.has_nan, flag.entry.dtype,
-                                stop_inf_dtypes=self.stop_inf_dtypes)
+            reason = op_verdict(record.phase, flag.has_nan, not flag.has_nan, flag.entry.dtype)
             if reason is not None:
                 return record, reason
             self.recorder.count_made(record)

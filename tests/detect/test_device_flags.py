@@ -172,6 +172,37 @@ class TestDeferredDetection:
         assert result.stopped and result.detection.needs_replay
         assert torch.equal(w.detach(), torch.tensor([0.0, 1.0]))  # not updated
 
+    @staticmethod
+    def _half_precision_policy(overflow: bool):
+        """A float16 classifier over masked logits (-inf where a class is not allowed): the
+        LogSoftmax region passes the -inf on, and the loss leaves it out. Or a scale that
+        overflows float16 on the way to the loss."""
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 5).half()
+        log_softmax = torch.nn.LogSoftmax(dim=-1)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        allowed = torch.tensor([True, True, False, True, False])
+        x = torch.randn(3, 4).half()
+
+        def train():
+            for _ in range(2):
+                logits = lin(x).masked_fill(~allowed, float("-inf")) * (1e5 if overflow else 1.0)
+                loss = -log_softmax(logits)[:, allowed].mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+        return train
+
+    def test_a_float16_minus_inf_mask_passed_through_a_region_is_not_an_overflow(self):
+        """A flag cannot tell a mask passed on from an overflow: in float16 its Inf is a
+        suspect, not a stop (per-op tracing follows the mask by its record)."""
+        assert not detect(self._half_precision_policy(overflow=False), device_flags="always").stopped
+
+    def test_near_miss_a_float16_overflow_that_reaches_the_loss_still_stops_before_the_update(self):
+        result = detect(self._half_precision_policy(overflow=True), device_flags="always")
+        assert result.stopped and result.detection.needs_replay
+
     def test_a_value_read_back_reads_the_pending_flags_first(self):
         result = detect(lambda: torch.log(torch.tensor([-1.0])).tolist(), device_flags="always")
         assert result.stopped  # no backward, no optimizer: the read is the boundary
