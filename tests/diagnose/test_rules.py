@@ -450,6 +450,17 @@ class TestExpAndOverflow:
     def test_float16_product_past_65504(self):
         cause = cause_of(lambda: torch.full((4,), 300.0, dtype=torch.float16) * 300.0)
         assert cause.id == "fp16_overflow" and "bfloat16" in cause.fix
+        assert "does not help here" in cause.fix  # a GradScaler scales gradients, not forward values
+
+    def test_float16_attention_scores_past_65504_are_scaled_before_the_product(self):
+        q = torch.full((1, 4, 8), 100.0, dtype=torch.float16)
+        cause = cause_of(lambda: q @ q.transpose(1, 2))
+        assert cause.id == "fp16_overflow" and "head_dim ** -0.5" in cause.fix
+
+    def test_float16_gradients_past_65504_point_at_the_grad_scaler(self):
+        w = torch.nn.Parameter(torch.full((4,), 1.0, dtype=torch.float16))
+        cause = cause_of(lambda: ((w * 300.0).float().sum() * 1000.0).backward())  # 1000 * 300 in backward
+        assert cause.id == "fp16_overflow" and "GradScaler`, whose scale backs off" in cause.fix
 
     def test_geometric_growth_is_an_exploding_gradient(self):
         torch.manual_seed(0)

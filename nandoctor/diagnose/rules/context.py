@@ -191,7 +191,9 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
              "`valid = ~torch.isnan(y); y = torch.where(valid, y, 0.0)`, then reduce over `valid` only; "
              "or drop those rows from the data." if leak else
              "Check the data before it reaches the model (`nandoctor check-data`), and where it is built: "
-             "`assert torch.isfinite(x).all()` after loading, or `torch.nan_to_num` if missing values are expected."),
+             "`assert torch.isfinite(x).all()` after loading. Where values are missing on purpose, drop or mask "
+             "those rows (`keep = torch.isfinite(y)`; the loss over `keep` only) rather than fill them: a "
+             "`torch.nan_to_num` target trains the model toward the fill value."),
         )
     return None
 

@@ -30,9 +30,27 @@ def fp16_overflow(ev: Evidence) -> Cause | None:
         "float16 overflow (past 65504)",
         f"At {ev.where} ({ev.code}) `{ev.op}` has finite {'/'.join(dtypes)} inputs (largest magnitude "
         f"{fmt(biggest)}) but its float16 result exceeds float16's largest value, 65504, and becomes Inf.",
-        "Use bfloat16 autocast (`torch.autocast(device_type, dtype=torch.bfloat16)`), which has float32's range, or "
-        "keep this op in float32; with float16 use `torch.amp.GradScaler` and scale down activations (normalise inputs).",
+        _fp16_fix(ev),
     )
+
+
+_PRODUCTS = ("mm", "bmm", "matmul", "addmm", "baddbmm", "einsum")
+
+
+def _fp16_fix(ev: Evidence) -> str:
+    """Out of float16's range in backward, a GradScaler's dynamic scale is the remedy; in
+    forward it is not (it scales gradients, not activations): the values must shrink or
+    the op must run in a wider type."""
+    wider = ("Use bfloat16 autocast (`torch.autocast(device_type, dtype=torch.bfloat16)`), which has float32's "
+             "range, or keep this op in float32")
+    if ev.root.phase == "backward":
+        return wider + "; with float16 use `torch.amp.GradScaler`, whose scale backs off when gradients overflow."
+    scaled = (" (`torch.autocast(device_type, enabled=False)` around it, inputs `.float()`). A product of large "
+              "activations such as attention scores: scale an operand before it (`q * head_dim ** -0.5`) or use "
+              "`F.scaled_dot_product_attention`" if ev.op in _PRODUCTS else
+              " (`torch.autocast(device_type, enabled=False)` around it, inputs `.float()`), or scale its inputs "
+              "down (normalise them)")
+    return wider + scaled + ". A GradScaler does not help here: it scales gradients, not forward values."
 
 
 # Ops that only convert a tensor's dtype: an Inf they make is the cast's, not arithmetic's.
