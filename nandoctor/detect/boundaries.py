@@ -38,9 +38,10 @@ class BoundaryChecks:
     def loss(self, tensors, amp: ScalerTracker | None = None, keep: bool = False) -> int:
         """The loss reaches backward(): a non-finite loss stops the run here (a GradScaler's
         loss, `amp`: when it is non-finite several steps in a row, see amp.py). With `keep`
-        (on an accelerator, where a read is a host sync) a scalar loss is kept on its device
-        and read with the step's check instead (`kept_losses`). Returns a mark: any
-        non-finite value made in backward after it is a reason to look at the gradients."""
+        (an optimizer's step will apply its gradients) a scalar loss is kept, on its device,
+        and checked with the step instead (`kept_losses`), or dropped with the gradients it
+        made (`drop_kept_losses`). Returns a mark: any non-finite value made in backward
+        after it is a reason to look at the gradients."""
         for t in tensors[:1] if amp is not None else tensors:
             if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()) or t.is_meta:
                 continue
@@ -61,6 +62,11 @@ class BoundaryChecks:
                     birth_of(record).facts.amp = amp.facts()
                 self.stop(record, StopReason.LOSS)
         return next_order()
+
+    def drop_kept_losses(self) -> None:
+        """The gradients of the kept losses are being thrown away (`zero_grad()`): those
+        losses are not applied, so they no longer matter."""
+        self._kept_losses.clear()
 
     def kept_losses(self) -> None:
         """The losses `loss` kept since the last step, read in one transfer: noted in the

@@ -224,7 +224,7 @@ class Detector(Observer):
         self._suspended = False
         self._stepping = 0  # optimizer.step() calls running (see `stepping`)
         self._scaled_backward = False
-        self._read_at_the_step = False  # this backward leaves its reads to the step (see `_reads_at_the_step`)
+        self._checked_at_the_step = False  # this backward's loss and gradients (see `_checks_at_the_step`)
         self._backward_mark = 0
         self.nodes = NodeChecks(self)
         self.regions = ModuleRegions(self, module_regions)
@@ -249,10 +249,9 @@ class Detector(Observer):
             self.regions.runtime_code()
 
     def finish(self) -> None:
-        """The script ended: flags and losses still pending are read (a NaN in its last ops counts)."""
+        """The script ended: flags still pending are read (a NaN in its last ops counts).
+        (A loss kept for a step that never came was never applied: it is not read.)"""
         self.read_flags()
-        with self.internal():
-            self.boundaries.kept_losses()
 
     def __exit__(self, *exc) -> None:
         _RUNNING.discard(self)
@@ -482,8 +481,8 @@ class Detector(Observer):
         self.regions.close_interrupted()
         graph = roots  # what backward() runs from (a GradScaler's scaled loss)
         roots, self._scaled_backward = self.amp.unscaled(roots)  # a GradScaler's: its loss
-        self._read_at_the_step = self._reads_at_the_step(roots)
-        if not self._read_at_the_step:
+        self._checked_at_the_step = self._checks_at_the_step(roots)
+        if not (self._checked_at_the_step and self.flags.enabled):
             self.read_flags()
         by_node = plain and self._can_check_by_node(graph)
         self._by_node.append(by_node and not self._suspended)
@@ -492,21 +491,23 @@ class Detector(Observer):
             self._suspend()  # (first: the loss's read and the arming run no op through the mode)
         with self.internal():
             self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None,
-                                                       keep=self._read_at_the_step)
+                                                       keep=self._checked_at_the_step)
             if by_node:
                 self.nodes.arm()
         return self._backward_mark
 
-    def _reads_at_the_step(self, roots) -> bool:
-        """Leave this backward's reads (the flags before and after it, the loss) to the
-        step's boundary? On an accelerator each read is a host sync, and a step checks the
-        flags, the loss and the gradients before any update anyway: one sync a step then.
-        Not without an optimizer (nothing else would read them), inside one's step (a
-        closure's backward: its step boundary has passed), or for a GradScaler's loss
-        (the scaler decides at once whether the step is skipped)."""
-        return (self.flags.enabled and self.state.optimizer_seen and not self._stepping
-                and not self._scaled_backward
-                and all(self.flags.covers(t) for t in roots if isinstance(t, torch.Tensor)))
+    def _checks_at_the_step(self, roots) -> bool:
+        """Leave this backward's checks (the loss, the gradients after it, and on an
+        accelerator the flags) to the optimizer's step? A non-finite loss or gradient
+        matters where the step would apply it: a script that skips the update when they
+        are not finite (`if not torch.isfinite(grad_norm): optimizer.zero_grad(); continue`)
+        discards them on purpose, as watch mode sees. On an accelerator it is also one host
+        sync a step instead of three. Not without an optimizer (no step would check them),
+        inside one's step (a closure's backward: its step boundary has passed), or for a
+        GradScaler's loss (the scaler decides at once whether the step is skipped)."""
+        return (self.state.optimizer_seen and not self._stepping and not self._scaled_backward
+                and (not self.flags.enabled
+                     or all(t.is_cpu or self.flags.covers(t) for t in roots if isinstance(t, torch.Tensor))))
 
     def _can_check_by_node(self, roots) -> bool:
         """With ours the innermost mode (a script's own mode sees the ops it asked for), on
@@ -606,11 +607,13 @@ class Detector(Observer):
 
     def after_backward(self, roots, mark: int) -> None:
         self._backward_ended()
-        if not self._read_at_the_step:
+        at_the_step = self._checked_at_the_step
+        if not (at_the_step and self.flags.enabled):
             self.read_flags()
         with self.internal():
-            # The gradients of a scaled loss are the scaler's to check (it skips the step).
-            self.boundaries.gradients_after_backward(roots, mark, check=not self._scaled_backward)
+            # The gradients of a scaled loss are the scaler's to check (it skips the step),
+            # and with an optimizer its step reads them before the update.
+            self.boundaries.gradients_after_backward(roots, mark, check=not (self._scaled_backward or at_the_step))
 
     def scaler_stepped(self, scaler, optimizer, skipped: bool) -> None:
         super().scaler_stepped(scaler, optimizer, skipped)
@@ -655,6 +658,7 @@ class Detector(Observer):
         """zero_grad runs with the mode off: it only sets gradients to None or zeros, and
         through the mode it cost two profiler marks' and a zeroing's dispatches a step.
         A gradient zeroed in place no longer holds what its record said."""
+        self.boundaries.drop_kept_losses()  # the script throws the gradients they made away
         try:
             return self._mode_off_for(clear)
         finally:

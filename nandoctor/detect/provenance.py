@@ -158,12 +158,15 @@ class SourceLocator:
         )
 
     def tests_finiteness(self, where: tuple[types.CodeType, int] | None) -> bool:
-        """Does the line test a value's finiteness (`if not math.isfinite(loss.item()):`)?
-        A value read there is read to be checked, not used."""
+        """Does the line test a value's finiteness (`if not math.isfinite(loss.item()):`), or
+        run in a branch such a test guards (`print(f"skipping: norm {norm.item()}")` under
+        it, or under its `else`)? A value read there is read to be checked or reported on
+        the way to being discarded, not used."""
         if where is None:
             return False
         code, line = where
-        return _FINITENESS_TEST.search(linecache.getline(code.co_filename, line)) is not None
+        return _FINITENESS_TEST.search(linecache.getline(code.co_filename, line)) is not None \
+            or _guarded_by_a_finiteness_test(linecache.getlines(code.co_filename), line)
 
     def display_path(self, filename: str) -> str:
         """The path as the user would write it: the script as typed, others relative to cwd."""
@@ -177,6 +180,36 @@ class SourceLocator:
         except ValueError:
             return filename
         return filename if rel.startswith("..") else rel
+
+
+_BRANCH = ("if ", "elif ", "while ")
+_SCOPE = ("def ", "async def ", "class ")
+_HEADERS_LOOKED_AT = 4  # enclosing blocks: the guard is close to the read, or it is not one
+
+
+def _guarded_by_a_finiteness_test(lines: list[str], line: int) -> bool:
+    """Is source line `line` (1-based) inside an `if`/`elif`/`while` block, or the `else`
+    of one, whose condition tests finiteness? Read from the indentation of the lines
+    above, up to the enclosing function."""
+    if not 0 < line <= len(lines):
+        return False
+    indent, headers = _indent_of(lines[line - 1]), 0
+    for text in reversed(lines[:line - 1]):
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#") or _indent_of(text) >= indent:
+            continue
+        indent, headers = _indent_of(text), headers + 1
+        if stripped.startswith(_BRANCH) and _FINITENESS_TEST.search(stripped):
+            return True
+        if stripped.startswith(_SCOPE) or headers >= _HEADERS_LOOKED_AT:
+            return False
+        if stripped.startswith(("else", "elif ")):
+            indent += 1  # (the `if` it belongs to is at its own indentation, above it)
+    return False
+
+
+def _indent_of(text: str) -> int:
+    return len(text) - len(text.lstrip())
 
 
 def _is_installed(resolved: str) -> bool:

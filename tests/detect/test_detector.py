@@ -211,6 +211,48 @@ class TestNoFalseAlarms:
         assert result.stopped and result.detection.reason is StopReason.READ_BACK
         assert result.detection.root.op == "aten.div.Tensor"
 
+    @staticmethod
+    def _skipping_bad_updates(skip: bool, guard: str):
+        """A corrupted record (an Inf feature) makes one step's loss and gradients NaN after
+        backward; the loop skips that update, as fairseq and HF guard theirs, and says so."""
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def train():
+            for step in range(4):
+                x = torch.ones(8, 3)
+                if step == 2:
+                    x[1, 1] = float("inf")  # a corrupted record in the stream
+                loss = ((model(x) - 1) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                if guard == "norm":
+                    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    if skip and not math.isfinite(norm.item()):
+                        print(f"step {step}: grad norm {norm.item()}, skipping the update")
+                        opt.zero_grad()
+                        continue
+                elif skip and not all(torch.isfinite(p.grad).all() for p in model.parameters()):
+                    opt.zero_grad()
+                    continue
+                opt.step()
+
+        return detect(train)
+
+    @pytest.mark.parametrize("guard", ["norm", "gradients"])
+    def test_a_non_finite_loss_and_gradients_whose_update_is_skipped_are_discarded(self, guard, capsys):
+        """They matter where the step would apply them (watch mode sees the same); the
+        message the guard prints, under its test, is a read on the way to discarding."""
+        result = self._skipping_bad_updates(skip=True, guard=guard)
+        assert not result.stopped and result.detector.state.step == 3
+
+    @pytest.mark.parametrize("guard", ["norm", "gradients"])
+    def test_near_miss_the_same_update_applied_stops_before_the_step(self, guard):
+        result = self._skipping_bad_updates(skip=False, guard=guard)
+        assert result.stopped and result.detector.state.step == 2
+        assert result.detection.reason is StopReason.LOSS
+
     def test_a_sum_that_overflows_is_rechecked_exactly(self):
         big = torch.full((10,), 3e38)
         assert not detect(lambda: big * 1.0).stopped

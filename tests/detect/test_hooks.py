@@ -433,6 +433,7 @@ def test_a_step_runs_past_the_per_op_mode_profiler_mark_included_and_the_class_g
         made_before.step()
         through_the_mode.extend(seen)
         torch.log(w - w).sum().backward()  # after the step the mode is back on: op by op
+        opt.step()  # (where its loss would be applied: the check of a loss the run trains on)
 
     found = detect(train)
     assert found.detection.root.op == "aten.log.default"

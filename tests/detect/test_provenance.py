@@ -4,6 +4,8 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 from nandoctor.detect.provenance import SourceLocator
 
 
@@ -48,3 +50,33 @@ def test_the_framework_line_that_ran_an_op_is_found_and_shown_from_its_package()
 def test_an_op_the_user_called_directly_has_no_framework_line():
     locator = SourceLocator()
     assert (lambda: locator.library_frame(1))() is None
+
+
+GUARDED = """\
+for step in range(10):
+    loss = model(x)
+    if not math.isfinite(loss.item()):
+        print(f"skipping, loss {loss.item()}")
+        if verbose:
+            log(loss.item())
+        continue
+    if torch.isfinite(norm):
+        opt.step()
+    else:
+        print("norm", norm.item())
+    print(loss.item())
+"""
+
+
+@pytest.mark.parametrize("line, guarded", [
+    (4, True),  # under `if not math.isfinite(...)`
+    (6, True),  # deeper, under an `if verbose:` inside it
+    (11, True),  # the `else` of `if torch.isfinite(norm):`
+    (9, True),  # (its `if` branch reads finite values; a read there is guarded too)
+    (12, False),  # after the blocks: the value is used
+    (2, False),
+])
+def test_a_read_in_a_branch_a_finiteness_test_guards_is_read_to_be_discarded(line, guarded):
+    from nandoctor.detect.provenance import _guarded_by_a_finiteness_test
+
+    assert _guarded_by_a_finiteness_test(GUARDED.splitlines(keepends=True), line) is guarded
