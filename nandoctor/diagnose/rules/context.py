@@ -83,6 +83,10 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
     node = ev.facts.gradient_leak_through
     if not node or _entered_torch(ev):
         return None  # (NaN data dropped after the fact: nonfinite_input_data, which tells the leak)
+    if ev.root.phase == "data":
+        return None  # (made while preparing data, a target normalised by its own zero sum: the op's own bug)
+    if _log_of_softmax(ev):
+        return None  # (log(softmax) whose 0 a loss's pick left out: no mask of the user's, a log of 0)
     out = ev.output
     infs = (out.posinf + out.neginf + out.nan) if out else 0
     return Cause(
@@ -93,8 +97,7 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         "exp(-inf) = 0), so the loss is finite, but backward still "
         f"runs through every position: `{node}` computes {_zero_times(node)} = NaN for the dropped ones, and the "
         "NaN reaches the gradients (pytorch issue 4132).",
-        _log_of_softmax_fix(ev) or "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): "
-        + _safe_before(ev.op),
+        "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): " + _safe_before(ev.op),
     )
 
 
@@ -104,16 +107,14 @@ def _zero_times(node: str) -> str:
     return "0/0" if node.startswith(("Div", "Log", "Reciprocal")) else "0 * Inf"
 
 
-def _log_of_softmax_fix(ev: Evidence) -> str | None:
+def _log_of_softmax(ev: Evidence) -> bool:
     """log(softmax(x)) whose -inf only a loss's pick of the targets left out (`nll_loss`):
-    an underflow, and the one op that never makes it is the fix. (Not one a `where` or a
-    mask dropped, `-p * log(p)` over padded attention: that needs the double `where`.)"""
+    a softmax that underflowed to 0 and a log of it, the hand-written cross-entropy's bug
+    (log_nonpositive, whose fix is the one op that never makes it: log_softmax). Not one a
+    `where` or a mask of the script's dropped (`-p * log(p)` over padded attention): that
+    is a masked leak, fixed by the double `where`."""
     producer = ev.facts.input_producers.get("self") or ""
-    if not ev.op.startswith("log") or "Softmax" not in producer or ev.facts.masked:
-        return None
-    return ("Take the log of a softmax in one op: `F.log_softmax(logits, dim=-1)` (with `F.nll_loss`), or "
-            "`F.cross_entropy(logits, target)` on the logits: log(softmax) is -inf where the softmax underflowed "
-            "to 0, and its gradient NaN there even where the loss never looks.")
+    return ev.op.startswith("log") and "Softmax" in producer and not ev.facts.masked
 
 
 def _safe_before(name: str) -> str:

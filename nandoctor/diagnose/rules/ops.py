@@ -74,10 +74,17 @@ def log_nonpositive(ev: Evidence) -> Cause | None:
         _first((in_log_space or "Compute it in log space (`F.logsigmoid(x)` / `F.logsigmoid(-x)` for log(p) / "
                 "log(1 - p), `F.binary_cross_entropy_with_logits`)") + (", or in float32 outside autocast; or" if rounded else "; or")
                if rounded or saturated else None,
-               "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32)"
-               + (", and use `F.log_softmax` / `F.cross_entropy` on the logits instead of log(softmax)."
-                  if underflow else ", or parametrise a positive quantity as `softplus(raw)` or `exp(log_param)`.")),
+               _LOG_OF_SOFTMAX_FIX if underflow else
+               "Keep the argument positive: `torch.log(x.clamp_min(eps))` (eps=1e-7 for float32), or parametrise a "
+               "positive quantity as `softplus(raw)` or `exp(log_param)`."),
     )
+
+
+_LOG_OF_SOFTMAX_FIX = (
+    "Take the log of a softmax in one op: `F.log_softmax(logits, dim=-1)` (with `F.nll_loss`), or "
+    "`F.cross_entropy(logits, target)` on the logits (a model that ends in `nn.Softmax`: leave it out of the loss); "
+    "log(softmax) is -inf where the softmax underflowed to 0, and its gradient NaN there even where the loss never "
+    "looks. Clamping (`torch.log(p.clamp_min(1e-7))`) only hides the underflow.")
 
 
 def _saturated(source: str | None, code: str | None) -> tuple[str, str | None]:
