@@ -765,23 +765,14 @@ class Detector(Observer):
         line; gives the samples' non-finite tensors. The random state is the script's again
         after (a random augmentation draws again here; a script that imputes the batch
         trains on with its own stream). Best effort: the batch is recorded anyway."""
-        self.state.data_depth += 1
-        self.passive = False
-        self._resume()
-        try:
-            with _random_state_kept():
-                samples = [dataset[index] for index in indices]
-                if collate is not None:
-                    collate(samples)
-        except NonFiniteFound:
-            raise
-        except Exception:  # noqa: BLE001 - a dataset that fails on a re-read: report the batch
-            return None
-        finally:
-            self.passive = True
-            self.state.data_depth -= 1
-        with self.internal():
-            return [t for _, t in tensors_in(samples) if t.is_floating_point() and not all_finite(t)]
+        def fetch():
+            self._check_ops_again()
+            samples = [dataset[index] for index in indices]
+            if collate is not None:
+                collate(samples)
+            return samples
+
+        return self._fetched_again(fetch)
 
     def _refetch_stream(self, dataset, stream, batch_number: int, collate=None) -> list[torch.Tensor] | None:
         """An IterableDataset's batch `batch_number`, fetched again (see `_refetch`): a new
@@ -790,26 +781,42 @@ class Detector(Observer):
         its samples. Deterministic streams only, like any refetch."""
         worker, number = stream.worker_of(batch_number)
         per_batch = stream.batch_size or 1
-        self.state.data_depth += 1
-        try:
-            with _random_state_kept(), _as_worker(dataset, stream, worker):
+
+        def fetch():
+            with _as_worker(dataset, stream, worker):
                 samples = iter(dataset)
                 for _ in range(number * per_batch):  # (at the script's own speed: no op checked)
                     next(samples)
-                self.passive = False
-                self._resume()
+                self._check_ops_again()
                 batch = [next(samples) for _ in range(per_batch)]
                 if collate is not None:
                     collate(batch)
+                return batch
+
+        return self._fetched_again(fetch)
+
+    def _fetched_again(self, fetch) -> list[torch.Tensor] | None:
+        """What both refetches share: `fetch()` runs in the data phase with the script's
+        random state put back after, a dataset that fails on a second read gives None (the
+        batch is reported as it came), and what comes back gives its non-finite tensors."""
+        self.state.data_depth += 1
+        try:
+            with _random_state_kept():
+                samples = fetch()
         except NonFiniteFound:
             raise
-        except Exception:  # noqa: BLE001 - a stream that ends or fails on a second pass: report the batch
+        except Exception:  # noqa: BLE001 - a dataset or stream that fails on a second read: report the batch
             return None
         finally:
             self.passive = True
             self.state.data_depth -= 1
         with self.internal():
-            return [t for _, t in tensors_in(batch) if t.is_floating_point() and not all_finite(t)]
+            return [t for _, t in tensors_in(samples) if t.is_floating_point() and not all_finite(t)]
+
+    def _check_ops_again(self) -> None:
+        """From here on in a refetch, ops run under the per-op mode (they are recorded)."""
+        self.passive = False
+        self._resume()
 
     # -- stopping ------------------------------------------------------------------------
 

@@ -91,13 +91,16 @@ class SourceLocator:
             frame = frame.f_back
         return None
 
-    def in_user_generator(self) -> bool:
-        """Is the op running inside a generator function of the user's, between two of its
-        yields? A sample or batch stream written by hand (`def batches(): ... yield x, y`)
-        prepares data as a Dataset does. On the rare path only: it looks at the stack."""
+    def preparing_data(self) -> bool:
+        """Is the op preparing data: inside a `Dataset`'s `__init__` (normalising the data it
+        will serve), or inside a generator function of the user's, between two of its yields
+        (a sample or batch stream written by hand: `def batches(): ... yield x, y`)? On the
+        rare path only: one walk up the stack."""
         frame = sys._getframe(1)
         while frame is not None:
             code = frame.f_code
+            if code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), torch.utils.data.Dataset):
+                return True
             if code.co_flags & inspect.CO_GENERATOR and self._user_code(code):
                 return True
             frame = frame.f_back
@@ -279,17 +282,6 @@ class ModuleTracker:
             grad = getattr(p, "grad", None)
             if isinstance(grad, torch.Tensor) and storage_key(grad) in storages:
                 return True
-        return False
-
-    def preparing_dataset(self) -> bool:
-        """Is a `Dataset` being built (inside its `__init__`: normalising the data it will
-        serve)? On the rare path only: it looks at the Python stack."""
-        frame = sys._getframe(1)
-        while frame is not None:
-            if frame.f_code.co_name == "__init__" and \
-                    isinstance(frame.f_locals.get("self"), torch.utils.data.Dataset):
-                return True
-            frame = frame.f_back
         return False
 
     def building(self) -> bool:

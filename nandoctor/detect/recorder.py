@@ -167,14 +167,10 @@ class Recorder:
         and the step, an op on a parameter's gradient (a hand-written normalisation or
         clipping of `p.grad`) works on what backward made: backward, not forward."""
         phase = self.state.phase(node, args, self.modules.current, self.modules.building,
-                                 self._preparing_data, loading=bool(self.modules.loading_state))
+                                 self.locator.preparing_data, loading=bool(self.modules.loading_state))
         if phase == "forward" and self.state.backward_started and self.modules.holds_gradient(tensors_of(args)):
             return "backward"
         return phase
-
-    def _preparing_data(self) -> bool:
-        """Building a Dataset, or inside a sample or batch generator of the user's."""
-        return self.modules.preparing_dataset() or self.locator.in_user_generator()
 
     def _parents(self, tensors, overwritten: str | None, before) -> tuple[list[Record], SiteFacts]:
         """The records of the non-finite inputs; an input non-finite with no record came

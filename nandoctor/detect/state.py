@@ -69,7 +69,7 @@ class TrainingState:
         return self.step + (1 if self.backward_started else 0)
 
     def phase(self, node, args, module: str | None, building=lambda: False,
-              preparing_dataset=lambda: False, loading: bool = False) -> str:
+              preparing_data=lambda: False, loading: bool = False) -> str:
         """The phase of an op. Before training (an optimizer made, a batch drawn or a
         backward run), an op inside a module's forward or one that builds an autograd graph
         is forward; one that sets up the model — inside a module's `__init__`, touching a
@@ -81,7 +81,7 @@ class TrainingState:
             return "optimizer"
         if loading:
             return "init"  # load_state_dict sets the model up, also when a run resumes mid-script
-        if self.data_depth or (module is None and not _builds_graph(args) and preparing_dataset()):
+        if self.data_depth or (module is None and not _builds_graph(args) and preparing_data()):
             return "data"  # (a Dataset built mid-run, after the optimizer, prepares data too)
         if not self.training_started and module is None and not self.transform_depth and not _builds_graph(args):
             return "init" if _touches_parameter(args) or building() else "data"

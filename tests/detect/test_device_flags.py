@@ -21,6 +21,25 @@ def entry(name: str) -> FlaggedOp:
     return FlaggedOp(name, "forward", torch.float32, None, None, None, None, None)
 
 
+def block_training(optimizer, steps: int, around_the_step=(lambda: None, lambda: None)):
+    """`steps` training steps of a TinyBlock; `around_the_step` runs just before and after
+    each `optimizer.step()`."""
+    torch.manual_seed(0)
+    block = TinyBlock()
+    opt = optimizer(block.parameters(), lr=1e-3)
+    before, after = around_the_step
+
+    def train():
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(block(torch.randn(2, 5, 8)), torch.zeros(2, 5, 8)).backward()
+            before()
+            opt.step()
+            after()
+
+    return train
+
+
 class TestFlags:
     def test_finite_outputs_leave_no_flag(self):
         flags = DeviceFlags("always")
@@ -102,17 +121,7 @@ class TestDeferredDetection:
         """On a GPU each read is a sync: a layer norm's three outputs, attention's outputs,
         a region's output and a backward node's gradients are all flagged, not read."""
         no_host_reads(monkeypatch)
-        torch.manual_seed(0)
-        block = TinyBlock()
-        opt = torch.optim.AdamW(block.parameters(), lr=1e-3)
-
-        def train():
-            for _ in range(2):
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(block(torch.randn(2, 5, 8)), torch.zeros(2, 5, 8)).backward()
-                opt.step()
-
-        detected = detect(train, device_flags="always")
+        detected = detect(block_training(torch.optim.AdamW, steps=2), device_flags="always")
         assert not detected.stopped
         assert detected.detector.deferred.were_read
 
@@ -123,18 +132,8 @@ class TestDeferredDetection:
         for name in ("item", "tolist", "__bool__"):
             real = getattr(torch.Tensor, name)
             monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _real=real, **k: (events.append("read"), _real(t, *a, **k))[1])
-        torch.manual_seed(0)
-        block = TinyBlock()
-        opt = torch.optim.SGD(block.parameters(), lr=1e-3)
-
-        def train():
-            for _ in range(3):
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(block(torch.randn(2, 5, 8)), torch.zeros(2, 5, 8)).backward()
-                events.append("step")
-                opt.step()
-                events.append("stepped")
-
+        train = block_training(torch.optim.SGD, steps=3, around_the_step=(lambda: events.append("step"),
+                                                                         lambda: events.append("stepped")))
         assert not detect(train, device_flags="always").stopped
         steps = "".join("r" if e == "read" else "[" if e == "step" else "]" for e in events)
         # After the first step (which reads at backward, before the optimizer is known, and
