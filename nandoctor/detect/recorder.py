@@ -334,7 +334,8 @@ class Recorder:
         group = index = None
         if optimizer is not None:
             group, index = _position(optimizer, p)
-        return ParameterRef(self.modules.parameter_name(p), tuple(p.shape), group, index)
+        trained = not isinstance(p, torch.nn.Parameter) or p.requires_grad  # (a buffer is named as one)
+        return ParameterRef(self.modules.parameter_name(p), tuple(p.shape), group, index, trained)
 
     def _parameter_of(self, t: torch.Tensor) -> ParameterRef | None:
         """The parameter `t` is (or is a view of), if it is one."""

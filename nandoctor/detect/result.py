@@ -71,6 +71,9 @@ class ParameterRef:
     shape: tuple[int, ...]
     group: int | None = None
     index: int | None = None
+    # False for an `nn.Parameter` nothing trains (requires_grad=False): a frozen weight, or
+    # a framework's state kept as a parameter (Keras's metric and loss-tracker variables).
+    trained: bool = True
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,8 @@ class SiteFacts:
             out["parameter_shape"] = list(p.shape)
             if p.group is not None:
                 out["parameter_position"] = [p.group, p.index]
+            if not p.trained:
+                out["parameter_trained"] = False
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
                     "user_backward", "written_on_purpose", "own_optimizer"):
             if getattr(self, key):
@@ -201,7 +206,8 @@ class SiteFacts:
                        if f.name in data and f.name not in ("parameter", "batch", "ctc", "inf_written_at", "amp", "called_in")})
         if "parameter_shape" in data:
             group, index = data.get("parameter_position") or (None, None)
-            facts.parameter = ParameterRef(data.get("parameter"), tuple(data["parameter_shape"]), group, index)
+            facts.parameter = ParameterRef(data.get("parameter"), tuple(data["parameter_shape"]), group, index,
+                                           data.get("parameter_trained", True))
         if "batch" in data:
             indices = data.get("dataset_indices")
             facts.batch = BatchOrigin(data["batch"], data.get("key", "batch"), tuple(data.get("rows") or ()),

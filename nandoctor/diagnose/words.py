@@ -10,6 +10,8 @@ def parameter(ref: ParameterRef | None) -> str:
     """`encoder.0.weight`, `param_groups[0].params[1] (3,)` or `a parameter of shape (3,)`."""
     if ref is None:
         return "a parameter"
+    if not ref.trained and not ref.name:
+        return f"a variable of shape {ref.shape} that nothing trains (requires_grad=False: a metric's or a framework's state)"
     if ref.name:
         return ref.name
     if ref.group is not None:
@@ -19,7 +21,9 @@ def parameter(ref: ParameterRef | None) -> str:
 
 def parameter_phrase(ref: ParameterRef | None) -> str:
     """`parameter `encoder.0.weight`` when it has a name, else the description alone."""
-    return f"parameter `{ref.name}`" if ref is not None and ref.name else parameter(ref)
+    if ref is not None and ref.name:
+        return f"parameter `{ref.name}`" if ref.trained else f"frozen parameter `{ref.name}` (requires_grad=False)"
+    return parameter(ref)
 
 
 def capitalised(text: str) -> str:

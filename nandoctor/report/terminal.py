@@ -241,7 +241,8 @@ def fact_rows(facts: SiteFacts) -> list[tuple[str, str]]:
     p = facts.parameter
     if p is not None:
         where = f"param_groups[{p.group}].params[{p.index}] " if p.group is not None else ""
-        rows.append(("parameter", p.name or f"{where}shape {_numbers(p.shape)}"))
+        frozen = "" if p.trained else " (requires_grad=False)"
+        rows.append(("parameter", (p.name or f"{where}shape {_numbers(p.shape)}") + frozen))
     if facts.optimizer:
         rows.append(("optimizer", facts.optimizer))
     b = facts.batch

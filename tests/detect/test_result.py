@@ -9,7 +9,7 @@ from nandoctor.report.model import RunReport
 from nandoctor.stats import TensorSummary
 
 EVERY_FACT = SiteFacts(
-    parameter=ParameterRef(None, (3, 2), group=0, index=1), loads_parameter=True, parameter_before_step=True,
+    parameter=ParameterRef(None, (3, 2), group=0, index=1, trained=False), loads_parameter=True, parameter_before_step=True,
     written_by_optimizer=True, optimizer="Adam", untracked_input=True,
     inf_written_at=Location("model.py", 12, "forward", "scores.masked_fill_(mask, -inf)"),
     batch=BatchOrigin(20, "[0]", rows=(3, 5), dataset_indices=(137, 9), refetched_finite=True), device_flag="nan",
@@ -30,6 +30,7 @@ def test_site_facts_json_keeps_the_flat_keys_reports_already_had():
     assert data["dataset_indices"] == [137, 9] and data["refetched_finite"] is True
     assert data["impossible"] == [{"item": 1, "input_length": 6, "target_length": 7, "repeats": 0}]
     assert data["parameter"] is None and data["parameter_shape"] == [3, 2] and data["parameter_position"] == [0, 1]
+    assert data["parameter_trained"] is False
 
 
 def test_empty_facts_write_nothing():

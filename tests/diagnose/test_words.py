@@ -18,6 +18,14 @@ def test_a_parameter_is_named_by_name_then_position_then_shape():
     assert words.parameter_phrase(ParameterRef(None, (3,))) == "a parameter of shape (3,)"
 
 
+def test_a_parameter_nothing_trains_is_not_called_a_weight():
+    # Keras keeps its loss tracker's total as an nn.Parameter with requires_grad=False.
+    tracker = ParameterRef(None, (), trained=False)
+    assert words.parameter(tracker).startswith("a variable of shape () that nothing trains")
+    assert words.parameter_phrase(ParameterRef("backbone.0.weight", (4, 3), trained=False)) == \
+        "frozen parameter `backbone.0.weight` (requires_grad=False)"
+
+
 @pytest.mark.parametrize("reason", list(StopReason))
 def test_every_stop_reason_has_words(reason):
     facts = SiteFacts(batch=BatchOrigin(7, "batch"), optimizer="SGD", parameter=ParameterRef("fc.bias", (2,)))
