@@ -55,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
         "warnings": ["constant", "fp16_range", "not_checked"],
         # positions listed per problem.
         "max_positions": 5,
+        # with --num-classes: label values that mean "ignore this target", not a class
+        # (cross_entropy's default ignore_index; add -1 or 255 if your loss uses those).
+        "ignore_labels": [-100],
         # files checked in parallel (0: one per core).
         "workers": 0,
     },
@@ -64,6 +67,12 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
+
+# The checks `check_data.errors` and `check_data.warnings` may name.
+DATA_CHECKS = ("nan", "inf", "constant", "fp16_range", "empty", "unreadable", "label_range", "not_checked")
+# Counts that cannot be negative.
+NON_NEGATIVE = (("run", "history"), ("run", "context_lines"), ("run", "max_steps"),
+                ("check_data", "max_positions"), ("check_data", "workers"), ("ci", "max_annotations"))
 
 # Settings whose value is one of a few words (checked for files and command-line options alike).
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -125,6 +134,15 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any], where: str) -> Non
 def _build(merged: dict[str, Any], source: str) -> Config:
     if not all(isinstance(entry, str) for entry in merged["run"]["allow"]):
         raise ConfigError("'run.allow' must be a list of \"file:line\" or op patterns (strings)")
+    for key in ("errors", "warnings"):
+        unknown = [c for c in merged["check_data"][key] if c not in DATA_CHECKS]
+        if unknown:  # a misspelt check would silently switch that check off
+            raise ConfigError(f"unknown check {unknown[0]!r} in 'check_data.{key}' (checks: {', '.join(DATA_CHECKS)})")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in merged["check_data"]["ignore_labels"]):
+        raise ConfigError("'check_data.ignore_labels' must be a list of integers")
+    for section, key in NON_NEGATIVE:
+        if merged[section][key] < 0:
+            raise ConfigError(f"'{section}.{key}' must be 0 or more, got {merged[section][key]}")
     for (section, key), allowed in CHOICES.items():
         value = merged[section][key]
         if value not in allowed:

@@ -38,6 +38,11 @@ def test_the_config_is_frozen():
         ("run:\n  check_batches: 1\n", "'run.check_batches' must be bool"),
         ("- run\n", "must be a mapping of sections"),
         ("run: [\n", "not valid YAML"),
+        # a misspelt check would switch that check off without a word
+        ("check_data:\n  errors: [nan, nann, inf]\n", "unknown check 'nann' in 'check_data.errors'"),
+        ("check_data:\n  workers: -2\n", "'check_data.workers' must be 0 or more, got -2"),
+        ("check_data:\n  max_positions: -3\n", "'check_data.max_positions' must be 0 or more"),
+        ("check_data:\n  ignore_labels: [-1, void]\n", "'check_data.ignore_labels' must be a list of integers"),
     ],
 )
 def test_a_broken_config_is_a_config_error_naming_the_problem(tmp_path, text, message):

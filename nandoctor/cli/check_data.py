@@ -42,7 +42,8 @@ def check_data(
         None, "--config", metavar="PATH|PRESET",
         help="YAML config merged over the defaults (section check_data), or a bundled preset by name (ci)."),
     num_classes: Optional[int] = typer.Option(
-        None, "--num-classes", metavar="N", help="Integer label arrays must lie in [0, N)."),
+        None, "--num-classes", metavar="N", help="Integer label arrays must lie in [0, N), but for check_data.ignore_labels (default -100). "
+             "Without it, labels are not checked."),
     workers: Optional[int] = typer.Option(
         None, "--workers", metavar="N", help="Files checked in parallel (0: one per core)."),
     junit_path: Optional[Path] = typer.Option(
@@ -68,10 +69,12 @@ def check_data(
     if workers is not None and workers < 0:
         raise UsageError(f"--workers must be 0 or more, got {workers}")
     config = load_config(config_path).with_overrides("check_data", workers=workers)
-    # No script of the user's here: the table is this command's output, on stdout.
-    outputs = report_outputs(sys.stdout, config, json_path=json_path, junit_path=junit_path)
+    # Every word of nandoctor's on stderr, as for `run`: a Python dataset (FILE.py:NAME) is
+    # the user's code and owns stdout, and stdout stays free for what a pipeline reads.
+    outputs = report_outputs(sys.stderr, config, json_path=json_path, junit_path=junit_path)
     settings = config.check_data
-    options = CheckOptions(max_positions=settings["max_positions"], num_classes=num_classes)
+    options = CheckOptions(max_positions=settings["max_positions"], num_classes=num_classes,
+                           ignore_labels=tuple(settings["ignore_labels"]))
     try:
         report = scan(paths, errors=settings["errors"], warnings=settings["warnings"], options=options,
                       workers=settings["workers"], allow_empty=allow_empty)

@@ -23,7 +23,7 @@ FP16_MAX = 65504.0
 # bench/bench_check_data.py (1 MiB and 16 MiB were slower).
 CHUNK_BYTES = 4 << 20
 # PyTorch's cross_entropy / nll_loss skip this target by default: a negative label that is
-# meant, not a bug.
+# meant, not a bug (`check_data.ignore_labels` adds others: -1, VOC's 255).
 IGNORE_INDEX = -100
 
 _LABEL_WORDS = {"label", "labels", "target", "targets", "y", "class", "classes", "cls",
@@ -44,7 +44,8 @@ def looks_like_label(name: str | None) -> bool:
 @dataclass(frozen=True)
 class CheckOptions:
     max_positions: int = 5
-    num_classes: int | None = None
+    num_classes: int | None = None  # labels are checked only when it is given
+    ignore_labels: tuple[int, ...] = (IGNORE_INDEX,)
     chunk_bytes: int = CHUNK_BYTES
 
 
@@ -159,16 +160,17 @@ class ArrayChecker:
     def _feed_integer(self, chunk: np.ndarray, offset: int) -> None:
         lo, hi = chunk.min(), chunk.max()
         self._note_range(lo, hi)
-        if not self.is_label:
+        top = self.options.num_classes
+        if not self.is_label or top is None:
+            # Without a class count any integer is a possible label: -1 and 255 are common
+            # "ignore" values, so nothing here says a label is wrong.
             return
         self.label_lo = int(lo) if self.label_lo is None else min(self.label_lo, int(lo))
         self.label_hi = int(hi) if self.label_hi is None else max(self.label_hi, int(hi))
-        top = self.options.num_classes
-        if lo >= 0 and (top is None or hi < top):
+        if lo >= 0 and hi < top:
             return
-        bad = (chunk < 0) & (chunk != IGNORE_INDEX)
-        if top is not None:
-            bad |= chunk >= top
+        bad = (chunk < 0) | (chunk >= top)
+        bad &= ~np.isin(chunk, self.options.ignore_labels)
         self.bad_labels += self._count("label_range", bad, offset)
 
     def _note_range(self, lo, hi) -> None:
@@ -252,10 +254,9 @@ class ArrayChecker:
                 f"{peak:.4g}): they become Inf under half precision or autocast{self._first('fp16_range')}")
 
     def _label_detail(self) -> str:
-        top = self.options.num_classes
-        want = f"[0, {top})" if top is not None else "non-negative"
-        return (f"{_count(self.bad_labels, 'label')} outside {want} (values span {self.label_lo}..{self.label_hi})"
-                f"{self._first('label_range')}")
+        ignored = ", ".join(str(v) for v in self.options.ignore_labels)
+        return (f"{_count(self.bad_labels, 'label')} outside [0, {self.options.num_classes}) (values span "
+                f"{self.label_lo}..{self.label_hi}; ignored: {ignored or 'none'}){self._first('label_range')}")
 
     def _constant_detail(self) -> str:
         return (f"all {_n(self.seen)} values are {self.lo:g}: normalising by its std or max "
@@ -289,7 +290,47 @@ def check_array(array: np.ndarray, *, options: CheckOptions = CheckOptions(), is
         checker.feed(chunk, offset)
         if on_bytes is not None:
             on_bytes(chunk.nbytes)
-    return checker.findings()
+    found = checker.findings()
+    if allow_constant and not found:
+        found += _dead_channels(array)
+    return found
+
+
+# A batch of images: (N, C, H, W) or (N, H, W, C), with a few channels and a real picture.
+_MAX_CHANNELS = 16
+_MIN_SIDE = 4
+
+
+def channel_axis(shape: Sequence[int]) -> int | None:
+    """The channel axis of an image batch, 1 (NCHW) or 3 (NHWC), or None for other arrays."""
+    if len(shape) != 4 or shape[0] < 2:
+        return None
+    n, a, b, c = shape
+    nchw = 2 <= a <= _MAX_CHANNELS and min(b, c) >= _MIN_SIDE
+    nhwc = 2 <= c <= _MAX_CHANNELS and min(a, b) >= _MIN_SIDE
+    if nchw == nhwc:
+        return None  # neither, or (N, 3, 8, 3): no honest guess
+    return 1 if nchw else 3
+
+
+def _dead_channels(array: np.ndarray) -> list[Finding]:
+    """`constant` for the channels of an image batch that hold one value: per-channel
+    normalisation (`(x - mean[c]) / std[c]`, as torchvision's Normalize with statistics
+    computed from the data) divides by a zero std there. Only for an array that is finite
+    and not constant as a whole (those are reported already)."""
+    axis = channel_axis(array.shape)
+    if axis is None or array.dtype.kind not in "fiu":
+        return []
+    others = tuple(i for i in range(4) if i != axis)
+    lo, hi = array.min(axis=others), array.max(axis=others)
+    dead = [int(c) for c in np.flatnonzero(lo == hi)]
+    if not dead:
+        return []
+    layout = "NCHW" if axis == 1 else "NHWC"
+    values = ", ".join(f"channel {c} is all {lo[c].item():g}" for c in dead[:4])
+    return [Finding("constant", len(dead),
+                    f"{values} (axis {axis} of {layout} images, {array.shape[axis]} channels): normalising "
+                    f"per channel by its std divides by zero (NaN)")]
 
 
 def is_checkable(dtype: np.dtype) -> bool:

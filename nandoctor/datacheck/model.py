@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 SCHEMA = "nandoctor.data/1"
+SKIPPED_LISTED = 100  # skipped files named in the report; the count is always whole
 
 ERROR = "error"
 WARNING = "warning"
@@ -47,6 +48,7 @@ class DataReport:
     files_scanned: int = 0
     files_skipped: int = 0  # files with an extension no reader knows: not problems
     problems: list[Problem] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # those files (the first SKIPPED_LISTED)
 
     @property
     def errors(self) -> list[Problem]:
@@ -77,6 +79,7 @@ class DataReport:
             "status": self.status,
             "files_scanned": self.files_scanned,
             "files_skipped": self.files_skipped,
+            "skipped_files": list(self.skipped),
             "errors": len(self.errors),
             "warnings": len(self.warnings),
             "problems": [p.to_dict() for p in self.problems],

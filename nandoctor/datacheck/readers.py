@@ -509,7 +509,7 @@ def read_image(ctx: FileContext) -> None:
             for index, frame in enumerate(ImageSequence.Iterator(image)):
                 frame.load()  # decode everything: a truncated file fails here, not later
                 key = f"frame {index}" if frames > 1 else None
-                ctx.check_numpy(key, _image_array(frame))
+                ctx.check_numpy(key, _image_array(frame), label_name=_label_image_name(ctx, frame))
     except UnidentifiedImageError:
         raise ctx.not_valid() from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
@@ -518,6 +518,28 @@ def read_image(ctx: FileContext) -> None:
 
 def _image_array(frame) -> np.ndarray:
     return np.asarray(frame)
+
+
+# Pillow modes of one integer channel: what a class-index mask is saved as.
+_INDEX_MODES = ("L", "P", "I", "I;16")
+
+
+def _label_image_name(ctx: FileContext, frame) -> str | None:
+    """With `--num-classes`, for a single-channel integer image whose name or folder reads
+    like a label (`labels/0001.png`, `0001_gt.png`): that name, so its values are checked.
+    (Without it an image is only an image: a blank one stays a `constant` warning.)"""
+    if ctx.options.num_classes is None or frame.mode not in _INDEX_MODES:
+        return None
+    folder, name = os.path.split(ctx.path)
+    stem, folder = os.path.splitext(name)[0], os.path.basename(folder)
+    if looks_like_label(stem):
+        return stem
+    return folder if folder.lower() in _LABEL_FOLDERS else None
+
+
+# Folders whose images are class-index masks (the whole name: `test_class_data` is not one).
+_LABEL_FOLDERS = {"label", "labels", "target", "targets", "gt", "gts", "ground_truth", "groundtruth",
+                  "segmentationclass", "segmentationclassaug", "label_ids", "labelids"}
 
 
 # ---- tables -----------------------------------------------------------------------------
@@ -587,6 +609,9 @@ def _numpy_dtype(arrow_type) -> np.dtype | None:
 
     if pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
         return np.dtype(arrow_type.to_pandas_dtype())
+    if pa.types.is_null(arrow_type):
+        # Every cell empty or NaN: Arrow cannot tell its type, pandas reads a float column of NaN.
+        return np.dtype(np.float64)
     return None
 
 

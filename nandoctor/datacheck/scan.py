@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from nandoctor.datacheck.checks import CheckOptions
-from nandoctor.datacheck.model import DataReport, Problem, apply_severity
+from nandoctor.datacheck.model import SKIPPED_LISTED, DataReport, Problem, apply_severity
 from nandoctor.datacheck.pydataset import Target, check_dataset, parse_target
 from nandoctor.datacheck.readers import (
     READERS,
@@ -42,7 +42,14 @@ class Inventory:
     files: list[str] = field(default_factory=list)
     datasets: list[Target] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
-    skipped: int = 0
+    skipped: list[str] = field(default_factory=list)  # regular files no reader knows, fifos, devices
+    seen_dirs: set = field(default_factory=set)  # (device, inode): a folder reached twice is walked once
+    seen_files: set = field(default_factory=set)  # and a file named twice (a folder and its parent) checked once
+    seen_again: int = 0  # data files and folders met a second time
+
+    def found(self) -> int:
+        """Files to check and problems so far, counting those met again (not a path with nothing in it)."""
+        return len(self.files) + len(self.problems) + self.seen_again
     empty: list[str] = field(default_factory=list)  # "PATH: why", one per path with nothing to check
 
 
@@ -60,10 +67,10 @@ def collect(paths: Sequence[str]) -> Inventory:
             if os.path.islink(path) and _stat_errno(path) in (errno.ENOENT, errno.ENOTDIR):
                 raise UsageError(f"no such file or directory: {path} "
                                  f"(a broken symbolic link to {os.readlink(path)})")
-            found, skipped = len(inventory.files) + len(inventory.problems), inventory.skipped
-            _collect_path(path, inventory, ancestors=set(), seen=set())
-            if len(inventory.files) + len(inventory.problems) == found:
-                inventory.empty.append(f"{path}: {_why_nothing(path, inventory.skipped - skipped)}")
+            found, skipped = inventory.found(), len(inventory.skipped)
+            _collect_path(path, inventory, ancestors=set())
+            if inventory.found() == found:
+                inventory.empty.append(f"{path}: {_why_nothing(path, len(inventory.skipped) - skipped)}")
             continue
         target = parse_target(path)
         if target is None:
@@ -92,20 +99,26 @@ def _why_nothing(path: str, skipped: int) -> str:
     return "not a regular file or folder"
 
 
-def _collect_path(path: str, inventory: Inventory, ancestors: set, seen: set) -> None:
+def _collect_path(path: str, inventory: Inventory, ancestors: set) -> None:
     try:
         info = os.stat(path)  # follows symlinks: a linked data folder is scanned like any other
     except OSError as exc:
         _note_unstattable(path, exc, inventory)
         return
+    identity = (info.st_dev, info.st_ino)
     if stat.S_ISDIR(info.st_mode):
-        _collect_dir(path, (info.st_dev, info.st_ino), inventory, ancestors, seen)
-    elif stat.S_ISREG(info.st_mode):
-        if reader_for(path) is not None:
-            inventory.files.append(path)
-        else:
-            inventory.skipped += 1
-    # sockets, fifos, devices: not data files, and opening a fifo would block
+        _collect_dir(path, identity, inventory, ancestors)
+        return
+    if identity in inventory.seen_files:
+        inventory.seen_again += reader_for(path) is not None
+        return
+    inventory.seen_files.add(identity)
+    if stat.S_ISREG(info.st_mode) and reader_for(path) is not None:
+        inventory.files.append(path)
+    else:
+        # Another format, or a socket, fifo or device (opening a fifo would block): said,
+        # not checked.
+        inventory.skipped.append(path)
 
 
 def _note_unstattable(path: str, exc: OSError, inventory: Inventory) -> None:
@@ -120,14 +133,15 @@ def _note_unstattable(path: str, exc: OSError, inventory: Inventory) -> None:
         inventory.problems.append(Problem(path, None, "unreadable", 1, f"cannot be read: {exc.strerror}"))
 
 
-def _collect_dir(path: str, identity: tuple[int, int], inventory: Inventory, ancestors: set, seen: set) -> None:
+def _collect_dir(path: str, identity: tuple[int, int], inventory: Inventory, ancestors: set) -> None:
     if identity in ancestors:
         inventory.problems.append(Problem(path, None, "unreadable", 1,
                                           "symbolic link loop: this folder links back to one that contains it"))
         return
-    if identity in seen:
-        return  # reached again through another link: checked once is enough
-    seen.add(identity)
+    if identity in inventory.seen_dirs:
+        inventory.seen_again += 1
+        return  # reached again through another link or path: checked once is enough
+    inventory.seen_dirs.add(identity)
     try:
         with os.scandir(path) as entries:
             names = sorted(entry.name for entry in entries)
@@ -136,7 +150,7 @@ def _collect_dir(path: str, identity: tuple[int, int], inventory: Inventory, anc
                                           f"folder cannot be listed: {exc.strerror}"))
         return
     for name in names:
-        _collect_path(os.path.join(path, name), inventory, ancestors | {identity}, seen)
+        _collect_path(os.path.join(path, name), inventory, ancestors | {identity})
 
 
 # ---- checking one file ------------------------------------------------------------------
@@ -195,7 +209,8 @@ def scan(paths: Sequence[str], *, errors: Sequence[str], options: CheckOptions =
             problems += check_dataset(target, options, bar.sample_done)
     return DataReport(
         files_scanned=len(inventory.files) + len(inventory.datasets),
-        files_skipped=inventory.skipped,
+        files_skipped=len(inventory.skipped),
+        skipped=inventory.skipped[:SKIPPED_LISTED],
         problems=apply_severity(problems, errors, warnings),
     )
 

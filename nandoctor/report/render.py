@@ -67,6 +67,8 @@ class AtomicFile:
                    else "is not writable" if not os.access(folder, os.W_OK) else None)
         if problem:
             raise UsageError(f"cannot write report to {self.path}: folder {folder} {problem}")
+        if self.path.is_dir():
+            raise UsageError(f"cannot write report to {self.path}: it is a folder")
 
     def write(self, text: str) -> None:
         tmp = None

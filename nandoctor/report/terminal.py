@@ -447,6 +447,9 @@ def printable(value: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
 
 
+_SKIPPED_NAMED = 3  # skipped files named on the summary line (the JSON lists more)
+
+
 def summary_line(report: DataReport) -> str:
     files = plural(report.files_scanned, "file")
     text = f"{files} checked"
@@ -460,6 +463,8 @@ def summary_line(report: DataReport) -> str:
         text += ", no problems"
         style = "green"
     if report.files_skipped:
-        text += f"; {plural(report.files_skipped, 'file')} skipped (not a data format nandoctor reads)"
+        named = report.skipped[:_SKIPPED_NAMED]
+        which = f": {', '.join(named)}{', ...' if report.files_skipped > len(named) else ''}" if named else ""
+        text += f"; {plural(report.files_skipped, 'file')} skipped (not a data format nandoctor reads{which})"
     return f"[{style}]{escape(text)}[/]"
 

@@ -27,7 +27,7 @@ def test_clean_folder_exits_0_and_writes_a_clean_report(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report == {**report, "schema": "nandoctor.data/1", "status": "clean", "files_scanned": 1, "problems": []}
-    assert "1 file checked, no problems" in result.stdout
+    assert "1 file checked, no problems" in result.stderr and result.stdout == ""
 
 
 def test_nan_in_a_file_exits_3_and_the_report_names_file_key_and_check(tmp_path):
@@ -44,19 +44,19 @@ def test_nan_in_a_file_exits_3_and_the_report_names_file_key_and_check(tmp_path)
     assert problem["file"] == os.path.join("data", "train.npz")
     assert (problem["key"], problem["check"], problem["count"]) == ("x", "nan", 1)
     assert problem["positions"] == [[2, 3]] and isinstance(problem["detail"], str)
-    assert "train.npz" in result.stdout and "1 problem in 1 file" in result.stdout
+    assert "train.npz" in result.stderr and "1 problem in 1 file" in result.stderr
 
 
 def test_output_has_no_colour_codes_when_not_a_terminal(tmp_path):
     np.save(tmp_path / "bad.npy", np.array([np.nan, 1.0]))
     result = nandoctor("bad.npy", cwd=tmp_path)
-    assert "\x1b[" not in result.stdout and result.stderr == ""
+    assert "\x1b[" not in result.stderr and result.stdout == ""
 
 
 def test_warnings_alone_exit_0_but_are_printed(tmp_path):
     np.save(tmp_path / "flat.npy", np.zeros((4, 4)))
     result = nandoctor("flat.npy", cwd=tmp_path)
-    assert result.returncode == 0 and "constant" in result.stdout
+    assert result.returncode == 0 and "constant" in result.stderr
 
 
 def test_config_can_turn_a_check_into_a_warning(tmp_path):
@@ -69,7 +69,7 @@ def test_label_range_with_num_classes_exits_3(tmp_path):
     np.save(tmp_path / "labels.npy", np.array([0, 1, 2, 3]))
     assert nandoctor("labels.npy", "--num-classes", "4", cwd=tmp_path).returncode == 0
     result = nandoctor("labels.npy", "--num-classes", "3", "--workers", "1", cwd=tmp_path)
-    assert result.returncode == 3 and "label_range" in result.stdout
+    assert result.returncode == 3 and "label_range" in result.stderr
 
 
 def test_missing_path_exits_2_with_one_line_and_no_traceback(tmp_path):
@@ -91,8 +91,8 @@ def test_empty_folder_exits_2_with_one_line_naming_it_and_the_way_out(tmp_path):
 def test_allow_empty_accepts_an_empty_folder_and_reports_zero_files(tmp_path):
     (tmp_path / "data").mkdir()
     result = nandoctor("data", "--allow-empty", "--json", "r.json", cwd=tmp_path)
-    assert (result.returncode, result.stderr) == (0, "")
-    assert "0 files checked, no problems" in result.stdout
+    assert (result.returncode, result.stdout) == (0, "")
+    assert "0 files checked, no problems" in result.stderr
     assert json.loads((tmp_path / "r.json").read_text())["files_scanned"] == 0
 
 
@@ -116,7 +116,7 @@ def test_git_lfs_pointer_exits_3_and_says_to_pull(tmp_path):
     assert problem["detail"] == "a Git LFS pointer, not the data (the real file is 2,048 bytes): run `git lfs pull`"
 
 
-def test_checkpoints_torch_warns_about_leave_stderr_empty(tmp_path):
+def test_checkpoints_torch_warns_about_leave_only_the_report_on_stderr(tmp_path):
     pytest.importorskip("torch")
     maker = (
         "import warnings, numpy as np, torch\n"
@@ -130,7 +130,8 @@ def test_checkpoints_torch_warns_about_leave_stderr_empty(tmp_path):
     assert made.returncode == 0, made.stderr
     result = nandoctor(".", "--workers", "2", cwd=tmp_path)
     assert "UserWarning" not in result.stderr
-    assert result.stderr == ""
+    assert "Warning" not in result.stderr and "warnings.warn" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("4 files checked")
 
 
 def test_unreadable_config_exits_2(tmp_path):
@@ -187,6 +188,22 @@ def test_an_unwritable_json_path_exits_2_with_one_line_before_scanning(tmp_path)
     assert result.stdout == ""  # it failed before the scan, not after
 
 
+def test_a_json_path_that_is_a_folder_exits_2_before_scanning(tmp_path):
+    np.save(tmp_path / "bad.npy", np.array([np.nan, 1.0]))
+    (tmp_path / "out").mkdir()
+    result = nandoctor("bad.npy", "--json", "out", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.strip() == "nandoctor: cannot write report to out: it is a folder"
+
+
+def test_a_python_datasets_prints_stay_on_stdout_apart_from_the_report(tmp_path):
+    (tmp_path / "data.py").write_text(
+        "import torch\nprint('building the dataset')\n"
+        "dataset = torch.utils.data.TensorDataset(torch.tensor([[1.0], [float('nan')]]))\n")
+    result = nandoctor("data.py:dataset", cwd=tmp_path)
+    assert result.returncode == 3 and result.stdout == "building the dataset\n"
+    assert "nan" in result.stderr and "building" not in result.stderr
+
+
 def test_github_annotations_are_capped_by_the_config(tmp_path):
     for i in range(4):
         np.save(tmp_path / f"bad{i}.npy", np.array([np.nan, 1.0]))
@@ -196,10 +213,10 @@ def test_github_annotations_are_capped_by_the_config(tmp_path):
         env={**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": "summary.md"},
         timeout=300)
     assert env_result.returncode == 3
-    annotations = [line for line in env_result.stdout.splitlines() if line.startswith("::error file=")]
+    annotations = [line for line in env_result.stderr.splitlines() if line.startswith("::error file=")]
     assert len(annotations) == 2
     # The files left out are counted, not silently dropped.
-    assert env_result.stdout.splitlines()[-1] == (
+    assert env_result.stdout == "" and env_result.stderr.splitlines()[-1] == (
         "::warning title=nandoctor check-data::"
         "and 2 more files with problems (see the step summary / JSON report)")
     assert "4 of 4 files with problems" in (tmp_path / "summary.md").read_text()

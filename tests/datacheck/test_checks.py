@@ -104,13 +104,40 @@ def test_labels_outside_num_classes_are_reported_with_positions():
     assert "[0, 3)" in finding.detail
 
 
-def test_negative_labels_are_reported_even_without_num_classes():
-    (finding,) = check_array(np.array([0, -1, 2]), is_label=True)
-    assert finding.check == "label_range" and finding.positions == [(1,)]
+def test_labels_are_not_range_checked_without_num_classes():
+    # -1 and 255 are common "ignore" values: without a class count no label is wrong.
+    assert check_array(np.array([0, -1, 2, 255]), is_label=True) == []
 
 
 def test_pytorch_ignore_index_minus_100_is_an_accepted_label():
     assert check_array(np.array([0, -100, 2, 1]), is_label=True, options=CheckOptions(num_classes=3)) == []
+
+
+def test_the_configured_ignore_labels_are_accepted_and_only_those():
+    options = CheckOptions(num_classes=3, ignore_labels=(-1, 255))
+    assert check_array(np.array([0, -1, 2, 255]), is_label=True, options=options) == []
+    (finding,) = check_array(np.array([0, -1, -100, 7]), is_label=True, options=options)
+    assert finding.count == 2 and finding.positions == [(2,), (3,)]
+    assert "ignored: -1, 255" in finding.detail
+
+
+def test_a_dead_channel_of_an_image_batch_is_constant():
+    images = np.random.default_rng(0).random((6, 3, 8, 8)).astype(np.float32)
+    images[:, 2] = 0.0  # NCHW: the blue channel never saw light
+    (finding,) = check_array(images)
+    assert finding.check == "constant" and "channel 2 is all 0" in finding.detail and "NCHW" in finding.detail
+    hwc = np.ascontiguousarray(images.transpose(0, 2, 3, 1))
+    (finding,) = check_array(hwc)
+    assert "channel 2 is all 0" in finding.detail and "NHWC" in finding.detail
+
+
+def test_arrays_that_are_not_image_batches_have_no_channels_to_check():
+    table = np.random.default_rng(0).random((6, 3, 8, 8))
+    table[:, :, :, 0] = 1.0  # a constant last axis of 8 is not a channel axis
+    assert check_array(table) == []
+    one = np.random.default_rng(0).random((1, 3, 8, 8))
+    one[:, 1] = 0.0  # a single image: a colour can be absent from one picture
+    assert check_array(one) == []
 
 
 def test_integers_not_named_as_labels_are_not_range_checked():

@@ -357,6 +357,13 @@ def test_csv_column_with_nan_and_empty_cells_is_reported_by_column_name(tmp_path
     assert "empty/NA" in problem.detail
 
 
+def test_csv_column_with_every_cell_empty_or_nan_is_all_nan(tmp_path):
+    # Arrow cannot type such a column; pandas reads it as float NaN, and so does training.
+    write_rows(tmp_path / "t.csv", [["x", "notes", "score"], [1, "", "NaN"], [2, "", "NaN"]])
+    found = {(p.key, p.check, p.count) for p in problems_of(tmp_path / "t.csv")}
+    assert found == {("notes", "nan", 2), ("score", "nan", 2)}
+
+
 def test_csv_inf_is_reported(tmp_path):
     write_rows(tmp_path / "t.csv", [["x"], [1.0], ["inf"], [2.0]])
     (problem,) = problems_of(tmp_path / "t.csv")
@@ -449,6 +456,21 @@ def test_all_black_mask_png_is_constant(tmp_path):
     Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(tmp_path / "0007.png")
     (problem,) = problems_of(tmp_path / "0007.png")
     assert (problem.key, problem.check, problem.count) == (None, "constant", 1)
+
+
+def test_a_class_index_mask_in_a_labels_folder_is_range_checked_with_num_classes(tmp_path):
+    (tmp_path / "labels").mkdir()
+    mask = np.zeros((8, 8), dtype=np.uint8)
+    mask[2, 3] = 25  # a class the model does not have
+    mask[4:, :] = 7
+    Image.fromarray(mask).save(tmp_path / "labels" / "0001.png")
+    (problem,) = problems_of(tmp_path / "labels" / "0001.png", num_classes=21)
+    assert (problem.check, problem.count, problem.positions) == ("label_range", 1, [(2, 3)])
+    # The same picture as a photo's grey channel is no label, and without a class count
+    # nothing says what a label may be.
+    Image.fromarray(mask).save(tmp_path / "grey.png")
+    assert problems_of(tmp_path / "grey.png", num_classes=21) == []
+    assert problems_of(tmp_path / "labels" / "0001.png") == []
 
 
 def test_truncated_png_is_unreadable(tmp_path):

@@ -29,6 +29,23 @@ def test_folders_are_searched_recursively_and_unknown_files_are_skipped(tmp_path
     assert [p.file for p in report.problems] == [str(tmp_path / "a" / "b" / "deep.npy")]
 
 
+def test_a_file_reached_through_two_paths_is_checked_once(tmp_path):
+    (tmp_path / "data").mkdir()
+    np.save(tmp_path / "data" / "x.npy", nan_array())
+    report = run_scan(tmp_path / "data", tmp_path, tmp_path / "data" / "x.npy")
+    assert report.files_scanned == 1 and len(report.problems) == 1
+
+
+def test_skipped_files_are_named_fifos_included(tmp_path):
+    (tmp_path / "notes.jsonl").write_text('{"x": NaN}\n')
+    os.mkfifo(tmp_path / "pipe.npy")  # opening it would block: never opened
+    np.save(tmp_path / "x.npy", np.arange(3.0))
+    report = run_scan(tmp_path)
+    assert report.files_scanned == 1 and report.files_skipped == 2
+    assert sorted(os.path.basename(p) for p in report.skipped) == ["notes.jsonl", "pipe.npy"]
+    assert report.to_dict()["skipped_files"] == report.skipped
+
+
 def test_file_is_named_relative_as_the_user_gave_it(tmp_path, monkeypatch):
     (tmp_path / "data" / "masks").mkdir(parents=True)
     np.save(tmp_path / "data" / "masks" / "0007.npy", nan_array())
