@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable
 
 # How long a rank waits for the others when it stops: for the culprit's claim (a peer that
 # died), for the other ranks' status (which ranks were non-finite), for the replay's port.
@@ -44,6 +44,10 @@ _LAUNCH_STORE_VARIABLES = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"
 # How long a distributed replay may run before it is given up (a rank that hangs in a
 # collective must not hang the launch).
 REPLAY_TIMEOUT_S = 600
+# How long a rank stopped by a peer waits to hear whether the culprit replays: the culprit
+# first waits up to PEER_WAIT_S for the ranks' word, then decides at once.
+REPLAY_JOIN_WAIT_S = 30.0
+_NO_REPLAY = "none"
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,27 @@ class PeerChannel:
                 break
         return found
 
+    def decide(self, name: str, value: str) -> str | None:
+        """Set `name` to `value` unless a rank set it first; returns what it holds (None
+        without a store)."""
+        store = self.store()
+        if store is None:
+            return None
+        try:
+            return store.compare_set(self._key(name), "", value).decode()
+        except Exception:  # noqa: BLE001
+            return None
+
+    def read(self, name: str, wait_s: float) -> str | None:
+        """What `name` holds, waiting up to `wait_s` for a rank to set it; None if none did."""
+        store = self.store()
+        if store is None:
+            return None
+        try:
+            return store.get(self._key(name)).decode() if _wait(store, [self._key(name)], wait_s) else None
+        except Exception:  # noqa: BLE001
+            return None
+
     def share(self, name: str, value: str | None, wait_s: float = 30.0) -> str | None:
         """Rank 0 sets `name` to `value`; every rank returns it (None if it never came)."""
         store = self.store()
@@ -316,6 +341,12 @@ class RankRun:
         self.channel = channel or PeerChannel(info)
         self.script_running = False  # the user's script runs (not nandoctor's reporting)
         self.terminated = False  # a SIGTERM stopped the script with no claim (the launcher's, most likely)
+        self.replayed = False  # this rank ran a replay (its own finding's, or the culprit's)
+        self._replay_lock = threading.Lock()
+        self._replay_result: Any = None
+        # How this rank runs a replay of `steps` steps: `join_replay(steps)` is the `run` for
+        # `replay_once`. Set by the session; without it a rank stopped by a peer does not join.
+        self.join_replay: Callable[[int], Callable[[dict[str, str] | None], Any]] | None = None
 
     @classmethod
     def from_env(cls) -> "RankRun | None":
@@ -330,6 +361,10 @@ class RankRun:
         def claimed(claim: Claim) -> None:
             self.channel.publish({"own_nonfinite": False, "step": step(), "forwards": forwards()}, final=False)
             on_claim(claim)
+            # This rank may be blocked in a collective the culprit will never join (an
+            # all-reduce in backward) until the culprit's process exits, and the culprit's
+            # replay needs this rank first: join it from here, not from the main thread.
+            threading.Thread(target=self.join_the_replay, name="nandoctor-replay-join", daemon=True).start()
 
         self.channel.watch(claimed)
         self._handle_sigterm()
@@ -352,16 +387,46 @@ class RankRun:
 
         signal.signal(signal.SIGTERM, on_sigterm)
 
+    def replay_once(self, steps: int, run: Callable[[dict[str, str] | None], Any]) -> Any:
+        """This rank's part in the run's one replay, of `steps` steps: `run(environ)` starts it
+        in `environ` (None when the ranks could not agree on a rendezvous) and its result is
+        kept. Every rank replays together, on a fresh rendezvous; the first rank to replay
+        says so, with how far, so that a rank that found nothing itself joins. Called from
+        the mode (this rank's own finding) and from the thread that joins the culprit's
+        replay; whichever comes second gets the first one's result."""
+        with self._replay_lock:
+            if not self.replayed:
+                self.replayed = True
+                self.channel.decide("replay", str(steps))
+                self._replay_result = run(self.replay_environment())
+            return self._replay_result
+
     def replay_environment(self, environ=os.environ) -> dict[str, str] | None:
-        """The environment of this rank's replay: every rank replays together on a fresh
-        rendezvous (a port rank 0 picks, shared through the store), never the original one,
-        whose peers are gone. None when the ranks could not agree on one."""
+        """The environment of this rank's replay: a port rank 0 picks, shared through the
+        store, never the original rendezvous, whose peers are gone. None when the ranks
+        could not agree on one."""
         port = self.channel.share("replay_port", str(free_port()) if self.info.rank == 0 else None)
         if port is None:
             return None
         env = {k: v for k, v in environ.items() if k not in _LAUNCH_STORE_VARIABLES}
         env["MASTER_PORT"] = port
         return env
+
+    def no_replay(self) -> None:
+        """The culprit ends without a replay: ranks waiting to join one stop waiting."""
+        self.channel.decide("replay", _NO_REPLAY)
+
+    def replay_to_join(self, wait_s: float = REPLAY_JOIN_WAIT_S) -> int | None:
+        """For a rank stopped by a peer: the steps of the replay the culprit runs, which this
+        rank must run too (its collectives need every rank); None when there is none."""
+        said = self.channel.read("replay", wait_s)
+        return int(said) if said is not None and said != _NO_REPLAY else None
+
+    def join_the_replay(self) -> None:
+        """Run the culprit's replay on this rank too, if the culprit replays (see `listen`)."""
+        steps = self.replay_to_join()
+        if steps is not None and self.join_replay is not None:
+            self.replay_once(steps, self.join_replay(steps))
 
     def script_failed(self) -> bool:
         """The script raised: is that because another rank stopped (see `peer_stopped`)?"""

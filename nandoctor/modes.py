@@ -38,9 +38,10 @@ class RunRequest:
     config: Config
     config_path: str | None = None
     replay_rng: replay.RngState | None = None  # set in a replay: the RNG state to start from
-    # Under torch.distributed: the replay's environment (a fresh rendezvous), or None when the
-    # ranks could not agree on one (see distributed.py).
-    distributed_replay: Callable[[], dict | None] | None = None
+    # Under torch.distributed: `distributed_replay(steps, run)` runs this rank's part in the
+    # ranks' one replay, `run(environ)` with a fresh rendezvous, or with None when the ranks
+    # could not agree on one (see distributed.py).
+    distributed_replay: Callable[[int, Callable[[dict | None], replay.ReplayOutcome]], replay.ReplayOutcome] | None = None
 
 
 class RunMode:
@@ -121,15 +122,23 @@ def select(request: RunRequest) -> RunMode:
 def _localise(request: RunRequest, rng, first: RunReport, what: str, step: int,
               weights_clean: bool | None) -> tuple[RunReport | None, replay.ReplayOutcome]:
     """Replay up to the failing step: (the replay's report if it reproduced, the outcome)."""
-    environ, timeout_s = None, None
-    if request.distributed_replay is not None:
-        environ, timeout_s = request.distributed_replay(), REPLAY_TIMEOUT_S
-        if environ is None:
-            return None, replay.ReplayOutcome(None, "the ranks could not agree on a rendezvous for the replay")
     note_line(replay_words.started(first.mode, what, step, weights_clean))
-    outcome = replay.replay(request.target, request.args, request.as_module, request.config_path, rng, step + 1,
-                            environ=environ, timeout_s=timeout_s)
+    if request.distributed_replay is not None:
+        outcome = request.distributed_replay(step + 1, replay_run(request, rng, step + 1))
+    else:
+        outcome = replay.replay(request.target, request.args, request.as_module, request.config_path, rng, step + 1)
     return _reproduced(outcome, first, what, step, weights_clean), outcome
+
+
+def replay_run(request: RunRequest, rng, steps: int) -> Callable[[dict | None], replay.ReplayOutcome]:
+    """A distributed rank's replay of `steps` steps, given the environment of the ranks'
+    fresh rendezvous (None: they could not agree on one)."""
+    def run(environ: dict | None) -> replay.ReplayOutcome:
+        if environ is None:
+            return replay.ReplayOutcome(None, "the ranks could not agree on a rendezvous for the replay")
+        return replay.replay(request.target, request.args, request.as_module, request.config_path, rng, steps,
+                             environ=environ, timeout_s=REPLAY_TIMEOUT_S)
+    return run
 
 
 def _reproduced(outcome: replay.ReplayOutcome, first: RunReport, what: str, step: int,

@@ -42,14 +42,21 @@ def run(request: RunRequest, runner: ScriptRunner) -> RunReport:
     locator = SourceLocator(main_file=runner.main_module.__file__, main_display=runner.display_path)
     observer = mode.observer(request, locator)
     ranks = RankRun.from_env() if request.replay_rng is None else None  # a replay runs on its own
+    if ranks is not None:
+        # A rank the culprit stops joins the culprit's replay, to the culprit's step.
+        ranks.join_replay = lambda steps: modes.replay_run(request, rng, steps)
     report = _run_under(observer, runner, mode.name, ranks)
     if ranks is None:
         return mode.conclude(request, report, observer.finding(), rng)
-    request.distributed_replay = ranks.replay_environment
+    request.distributed_replay = ranks.replay_once
     final = mode.conclude(request, report, observer.finding(), rng)
     if final is not report:  # the replay's report: this rank's place in the run stays
         final.distributed = report.distributed
         final.notes += [n for n in report.notes if n not in final.notes]
+    if report.distributed.stopped_by_peer:
+        ranks.join_the_replay()  # (at once when its listener has run or is running it)
+    elif report.distributed.is_culprit and not ranks.replayed:
+        ranks.no_replay()
     return final
 
 

@@ -69,6 +69,20 @@ def test_one_ranks_bad_batch_names_that_rank_its_step_and_sample(tmp_path, mode)
 
 
 @launch
+def test_a_rank_stopped_inside_a_collective_joins_the_culprits_replay(tmp_path):
+    # Rank 1 raises over its NaN loss before backward(): rank 0 waits in backward's
+    # all-reduce until rank 1's process exits, but rank 1's replay needs rank 0 first.
+    # Rank 0 joins it from its listening thread, and the replay finds the batch.
+    proc, elapsed = _launch(tmp_path, "--mode", "watch", BAD_INDEX="55", CHECK_LOSS="1")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    report = _report(tmp_path)
+    assert report["reproduced"] is True and report["distributed"]["culprit_rank"] == 1
+    assert report["root"]["phase"] == "data" and report["root"]["facts"]["dataset_indices"] == [55]
+    assert _report(tmp_path, "r.rank0.json")["distributed"]["stopped_by_peer"] is True
+    assert elapsed < 60
+
+
+@launch
 def test_a_bug_every_rank_hits_is_reported_as_such(tmp_path):
     proc, _ = _launch(tmp_path, LOG_ZERO="1")
     assert proc.returncode == 3, proc.stderr[-3000:]

@@ -8,6 +8,8 @@
 #                 with DIE_WHILE=busy rank 1 dies at once while rank 0 is still busy with its
 #                 own work (no collective fails: the launcher's SIGTERM stops rank 0);
 #                 with DIE_HOW=kill it is SIGKILLed (as the OOM killer does) instead of exiting 9.
+#   CHECK_LOSS=1  the script checks its loss itself and raises before backward(), so the
+#                 other rank waits in backward's all-reduce for a rank that never comes.
 # EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
 import os, signal, sys, time
 import torch
@@ -54,6 +56,8 @@ for epoch in range(int(os.environ.get("EPOCHS", "1"))):
         loss = ((out - y) ** 2).mean()
         if LOG_ZERO and step == 2:
             loss = loss + torch.log(out * 0).mean()
+        if os.environ.get("CHECK_LOSS") == "1" and not torch.isfinite(loss):
+            raise FloatingPointError(f"rank {rank}: loss is {loss.item()} at step {step}")
         opt.zero_grad()
         loss.backward()
         opt.step()
