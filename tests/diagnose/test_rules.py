@@ -612,6 +612,14 @@ class TestRootsAndDomains:
         cause = cause_of(lambda: ((p ** 2).sum(1) ** 0.5).sum().backward())
         assert cause.id == "sqrt_zero_backward"
 
+    def test_a_focal_gamma_below_one_is_a_power_not_a_square_root(self):
+        # `(1 - p) ** gamma` with gamma = 0.5 where a class is predicted with certainty: the
+        # exponent is the script's setting, not a root it meant.
+        p = torch.nn.Parameter(torch.tensor([1.0, 0.3]))
+        gamma = 0.5
+        cause = cause_of(lambda: ((1 - p) ** gamma).sum().backward())
+        assert cause.id == "pow_invalid" and "x ** p with p < 1" in cause.title
+
     def test_hypot_at_the_origin_is_a_norm_of_zero(self):
         p = torch.nn.Parameter(torch.tensor([0.0, 3.0]))
         cause = cause_of(lambda: torch.hypot(p, p * 0).sum().backward())

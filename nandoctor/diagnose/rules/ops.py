@@ -482,11 +482,24 @@ def zero_second_moment(ev: Evidence, x) -> Cause:
     )
 
 
+# A power of one half spelled out on the line: `** 0.5`, `**.5`, `** (1/2)`, `.pow(0.5)`.
+_HALF = r"\(?\s*(?:0?\.50*|1\.?0*\s*/\s*2\.?0*)\s*\)?(?![\d.])"
+_ROOT_SPELLING = re.compile(r"\*\*\s*" + _HALF + r"|pow\((?:[^(),]*,)?\s*" + _HALF)
+
+
+def _written_as_a_root(ev: Evidence) -> bool:
+    """Did the script write this power as a square root (`d2 ** 0.5`), rather than raise to
+    an exponent that is a setting of its own that happens to be 0.5 (`(1 - p) ** gamma`,
+    a focal loss's gamma below 1)? Unknown source counts as a root."""
+    loc = ev.root.location
+    return not (loc and loc.code) or bool(_ROOT_SPELLING.search(loc.code))
+
+
 @op_rule("pow", "float_power", nodes=("PowBackward",))
 def pow_invalid(ev: Evidence) -> Cause | None:
     base = ev.input("self") or ev.first_input()
     exponent = ev.input("exponent")
-    if ev.node and ev.facts.exponent == -0.5:
+    if ev.node and ev.facts.exponent == -0.5 and _written_as_a_root(ev):
         return sqrt_rule(ev)  # PowBackward of `x ** 0.5` takes x ** -0.5: a square root, written as a power
     if ev.node:
         return Cause(
