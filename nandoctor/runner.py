@@ -58,6 +58,9 @@ class ScriptOutcome:
 
     exit_code: int
     exception: BaseException | None = None  # the uncaught exception, if any (not SystemExit)
+    # A SystemExit with a failing status (`sys.exit(1)`): not an error python reports, but
+    # a script may exit so over a value it found non-finite (see Observer.raised_over).
+    failed_exit: SystemExit | None = None
 
 
 class ScriptRunner:
@@ -173,7 +176,8 @@ class ScriptRunner:
         except passthrough:
             raise
         except SystemExit as exc:
-            return ScriptOutcome(_system_exit_status(exc))
+            status = _system_exit_status(exc)
+            return ScriptOutcome(status, failed_exit=exc if status != 0 else None)
         except KeyboardInterrupt as exc:
             print_user_traceback(exc)
             return ScriptOutcome(ExitCode.INTERRUPTED, exc)

@@ -81,8 +81,9 @@ def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankR
         if ranks is not None:
             ranks.script_running = False
         _flush_user_streams()
-    if outcome.exception is not None and observer.raised_over(outcome.exception) is not None:
-        outcome = ScriptOutcome(int(ExitCode.FOUND), outcome.exception)  # it died of what it found
+    died_of = outcome.exception or outcome.failed_exit
+    if died_of is not None and observer.raised_over(died_of) is not None:
+        outcome = ScriptOutcome(int(ExitCode.FOUND), died_of)  # it died of what it found
     distributed = _settle(ranks, observer, outcome) if ranks is not None else None
     if distributed is not None and distributed.stopped_by_peer:
         # Stopped by (or errored because of) the culprit: its report tells the finding.

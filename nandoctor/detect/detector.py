@@ -42,7 +42,7 @@ from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, refuses_values,
-                                      speaks_of_nonfinite)
+                                      raised_at, speaks_of_nonfinite)
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
@@ -336,8 +336,11 @@ class Detector(Observer):
             if finite:
                 return
             record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
-        if not record.intended and not self.locator.tests_finiteness(self.locator.user_frame()):
-            self.stop(record, StopReason.READ_BACK)  # (a -inf mask or an allowed line's value may be printed)
+        if record.intended or self.locator.tests_finiteness(self.locator.user_frame()):
+            return  # (a -inf mask or an allowed line's value may be printed)
+        if _a_metric_of_counts(t, record):
+            return  # a per-class precision of a class never predicted: printed as nan on purpose
+        self.stop(record, StopReason.READ_BACK)
 
     def defer(self, func, args, out: torch.Tensor, node, created_seq) -> None:
         """Queue a device-side flag for `out`: no sync now, read at the next boundary."""
@@ -450,7 +453,7 @@ class Detector(Observer):
             _, op, record = self._refused
             self.detection = self._explain(record, StopReason.OP_REFUSED, refused_by=op)
             return self.detection
-        if not speaks_of_nonfinite(error):
+        if not (speaks_of_nonfinite(error) or self.locator.tests_finiteness(raised_at(error))):
             return None
         birth = self.recorder.latest_birth()
         made_in_backward = self.recorder.latest_backward  # (the script's own detect_anomaly raises there)
@@ -869,3 +872,13 @@ def _same_error(error: BaseException, refused: BaseException) -> bool:
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
+
+
+def _a_metric_of_counts(t: torch.Tensor, record) -> bool:
+    """Is the value read a metric's undefined ratio: with no autograd history, and born in
+    a 0/0 of whole counts (`tp / predicted` for a class never predicted)? It reaches no
+    loss, gradient or parameter (those stop the run where they are reached); read back,
+    it is a number printed, as `nan`, on purpose (what nanmean then skips)."""
+    if t.requires_grad or t.grad_fn is not None:
+        return False
+    return birth_of(record).facts.ratio_of_counts

@@ -11,6 +11,7 @@ mode: step boundaries only, see watch.py); the session picks one per run mode.
 from __future__ import annotations
 
 import linecache
+import types
 import re
 from typing import Any, Callable
 
@@ -223,6 +224,15 @@ _REFUSES_VALUES = re.compile(r"between -?[\d.]+ and -?[\d.]+|out of (the )?range
 def refuses_values(error: BaseException) -> bool:
     """Is `error` an op's refusal of its input values (which a NaN or Inf fails)?"""
     return isinstance(error, RuntimeError) and bool(_REFUSES_VALUES.search(str(error)))
+
+
+def raised_at(error: BaseException) -> tuple[types.CodeType, int] | None:
+    """(code, line) of the innermost frame the error went through: the `raise`, the
+    `sys.exit(1)`, the failed `assert`."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return (tb.tb_frame.f_code, tb.tb_lineno) if tb is not None else None
 
 
 def speaks_of_nonfinite(error: BaseException) -> bool:

@@ -154,6 +154,7 @@ class SiteFacts:
     ignore_index: int | None = None  # nll_loss / cross_entropy: the target value left out of the mean
     counted_targets: int | None = None  # ...and how many targets the mean counted (0: 0/0)
     reduced_count: int | None = None  # std / var: how many values each output reduces over
+    ratio_of_counts: bool = False  # a division of whole, non-negative counts with no gradient (a metric's ratio)
     correction: float | None = None  # ...and the correction subtracted from that count (Bessel's 1)
     op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
     loss: float | None = None  # watch mode: the loss seen at the boundary
@@ -171,7 +172,7 @@ class SiteFacts:
             if not p.trained:
                 out["parameter_trained"] = False
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
-                    "user_backward", "written_on_purpose", "own_optimizer"):
+                    "user_backward", "written_on_purpose", "own_optimizer", "ratio_of_counts"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",

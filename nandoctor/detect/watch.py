@@ -18,7 +18,7 @@ import torch
 
 from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
-from nandoctor.detect.observer import NonFiniteFound, Observer, refuses_values, speaks_of_nonfinite
+from nandoctor.detect.observer import NonFiniteFound, Observer, raised_at, refuses_values, speaks_of_nonfinite
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.detect.result import WatchFinding
 
@@ -133,7 +133,8 @@ class StepWatcher(Observer):
             return None
         # An op's refusal of its values (BCE's range check) may be over a NaN watch cannot
         # see: the replay looks; the script's own error stands if it finds none.
-        what = "loss" if speaks_of_nonfinite(error) else "refused" if refuses_values(error) else None
+        guarded = speaks_of_nonfinite(error) or self.locator.tests_finiteness(raised_at(error))
+        what = "loss" if guarded else "refused" if refuses_values(error) else None
         if what is None:
             return None
         self.watch_finding = WatchFinding(what, self.state.step, None, None, None, weights_clean=self._weights_clean())

@@ -116,6 +116,8 @@ def refused(op: str | None, error: BaseException) -> str:
 
 
 def raised_over(error: BaseException) -> str:
+    if isinstance(error, SystemExit):
+        return f"the script stopped itself: it exited with status {error.code!r} over this value."
     message = str(error).strip()
     return (f"the script stopped itself: it raised {type(error).__name__}"
             + (f" ({message})" if message else "") + " over this value.")

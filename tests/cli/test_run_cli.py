@@ -115,6 +115,9 @@ for b in range(2):
 @pytest.mark.parametrize("guard", [
     'if torch.isnan(loss):\n        raise RuntimeError(f"loss is nan at batch {b}")',
     "assert torch.isfinite(loss), 'bad loss'",
+    # Neither says NaN: the branch a finiteness test guards does.
+    'if not torch.isfinite(loss):\n        import sys; print("giving up"); sys.exit(1)',
+    'if not torch.isfinite(loss):\n        raise RuntimeError("training diverged")',
 ])
 def test_a_script_that_raises_over_its_own_nan_check_is_a_finding_at_the_line_that_made_it(tmp_path, script, mode,
                                                                                             guard):
@@ -123,7 +126,16 @@ def test_a_script_that_raises_over_its_own_nan_check_is_a_finding_at_the_line_th
     report = result.report
     assert result.code == 3 and report["status"] == "nonfinite"
     assert report["root"]["location"]["line"] == 9 and report["cause"]["id"] == "div_by_zero"
-    assert report["error"]["type"] in ("RuntimeError", "AssertionError")
+    assert report["error"]["type"] in ("RuntimeError", "AssertionError", "SystemExit")
+
+
+def test_near_miss_a_script_that_exits_1_for_another_reason_keeps_its_status(tmp_path, script):
+    # A NaN made and discarded earlier is not what a later, unguarded sys.exit(1) is about.
+    script("train.py", "import sys, torch\n"
+                       "m = torch.where(torch.tensor([0.0, 1.0]) > 0, torch.log(torch.tensor([0.0, 1.0])), 0.0)\n"
+                       "print(m.tolist())\nsys.exit(1)\n")
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 1 and result.report["status"] != "nonfinite"
 
 
 ANOMALY_ON = """\

@@ -15,7 +15,7 @@ EVERY_FACT = SiteFacts(
     batch=BatchOrigin(20, "[0]", rows=(3, 5), dataset_indices=(137, 9), refetched_finite=True), device_flag="nan",
     gradient_leak_through="DivBackward0", input_producers={"self": "SoftmaxBackward0"},
     ctc=CtcLengths((6, 6), (2, 7), (CtcItem(1, 6, 7, 0),)), exponent=-0.5, loss=float("nan"), grad_norm=2.5,
-    ignore_index=-100, counted_targets=0, reduced_count=1, correction=1.0,
+    ignore_index=-100, counted_targets=0, reduced_count=1, correction=1.0, ratio_of_counts=True,
 )
 
 
