@@ -338,8 +338,6 @@ class Detector(Observer):
             record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
         if record.intended or self.locator.tests_finiteness(self.locator.user_frame()):
             return  # (a -inf mask or an allowed line's value may be printed)
-        if _a_metric_of_counts(t, record):
-            return  # a per-class precision of a class never predicted: printed as nan on purpose
         self.stop(record, StopReason.READ_BACK)
 
     def defer(self, func, args, out: torch.Tensor, node, created_seq) -> None:
@@ -873,12 +871,3 @@ def _same_error(error: BaseException, refused: BaseException) -> bool:
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
 
-
-def _a_metric_of_counts(t: torch.Tensor, record) -> bool:
-    """Is the value read a metric's undefined ratio: with no autograd history, and born in
-    a 0/0 of whole counts (`tp / predicted` for a class never predicted)? It reaches no
-    loss, gradient or parameter (those stop the run where they are reached); read back,
-    it is a number printed, as `nan`, on purpose (what nanmean then skips)."""
-    if t.requires_grad or t.grad_fn is not None:
-        return False
-    return birth_of(record).facts.ratio_of_counts

@@ -95,14 +95,3 @@ def spread_facts(x, dim=None, *rest, correction=None, unbiased=None, **kwargs) -
         count *= x.shape[d] if x.dim() else 1
     return {"reduced_count": int(count), "correction": float(correction)}
 
-
-@collects("div", "div_", "true_divide")
-def division_facts(numerator, denominator, *rest, **kwargs) -> dict[str, Any]:
-    """Both sides whole, non-negative counts with no autograd history (`tp / predicted` of a
-    per-class precision): 0/0 there is the undefined ratio of an empty set, a metric's NaN."""
-    sides = (numerator, denominator)
-    if not all(isinstance(t, torch.Tensor) and t.is_floating_point() and t.grad_fn is None and not t.requires_grad
-               for t in sides):
-        return {}
-    counts = all(bool((t >= 0).all()) and bool((t == t.trunc()).all()) for t in sides)
-    return {"ratio_of_counts": True} if counts else {}

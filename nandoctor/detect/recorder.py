@@ -66,8 +66,9 @@ class Recorder:
         inputs = [_summary(name, value, name == overwritten, before) for name, value in named] if origin else []
         if origin:
             _add_origin_facts(facts, func, args, kwargs, tensors)
-            if facts.loads_parameter:
-                facts.parameter = self.parameter_ref(args[0])
+            if facts.loads_parameter or (func._schema.name.endswith("copy_") and self._is_buffer(args[0])):
+                # (load_state_dict copies into parameters and buffers: a BatchNorm's running_var)
+                facts.loads_parameter, facts.parameter = True, self.parameter_ref(args[0])
         if node is not None:
             seq = node._sequence_nr()
             where, module = self.sites.get(seq) or (None, None)
@@ -334,8 +335,14 @@ class Recorder:
         group = index = None
         if optimizer is not None:
             group, index = _position(optimizer, p)
-        trained = not isinstance(p, torch.nn.Parameter) or p.requires_grad  # (a buffer is named as one)
-        return ParameterRef(self.modules.parameter_name(p), tuple(p.shape), group, index, trained)
+        buffer = not isinstance(p, torch.nn.Parameter)
+        trained = buffer or p.requires_grad
+        return ParameterRef(self.modules.parameter_name(p), tuple(p.shape), group, index, trained, buffer)
+
+    def _is_buffer(self, t) -> bool:
+        """A floating tensor a module registered as a buffer (it has a name; no Parameter)."""
+        return isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter) and t.is_floating_point() \
+            and self.modules.parameter_name(t) is not None
 
     def _parameter_of(self, t: torch.Tensor) -> ParameterRef | None:
         """The parameter `t` is (or is a view of), if it is one."""

@@ -74,6 +74,7 @@ class ParameterRef:
     # False for an `nn.Parameter` nothing trains (requires_grad=False): a frozen weight, or
     # a framework's state kept as a parameter (Keras's metric and loss-tracker variables).
     trained: bool = True
+    buffer: bool = False  # a module's buffer (BatchNorm's running_var), not an nn.Parameter
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,6 @@ class SiteFacts:
     ignore_index: int | None = None  # nll_loss / cross_entropy: the target value left out of the mean
     counted_targets: int | None = None  # ...and how many targets the mean counted (0: 0/0)
     reduced_count: int | None = None  # std / var: how many values each output reduces over
-    ratio_of_counts: bool = False  # a division of whole, non-negative counts with no gradient (a metric's ratio)
     correction: float | None = None  # ...and the correction subtracted from that count (Bessel's 1)
     op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
     loss: float | None = None  # watch mode: the loss seen at the boundary
@@ -171,8 +171,10 @@ class SiteFacts:
                 out["parameter_position"] = [p.group, p.index]
             if not p.trained:
                 out["parameter_trained"] = False
+            if p.buffer:
+                out["parameter_buffer"] = True
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
-                    "user_backward", "written_on_purpose", "own_optimizer", "ratio_of_counts"):
+                    "user_backward", "written_on_purpose", "own_optimizer"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
@@ -208,7 +210,7 @@ class SiteFacts:
         if "parameter_shape" in data:
             group, index = data.get("parameter_position") or (None, None)
             facts.parameter = ParameterRef(data.get("parameter"), tuple(data["parameter_shape"]), group, index,
-                                           data.get("parameter_trained", True))
+                                           data.get("parameter_trained", True), data.get("parameter_buffer", False))
         if "batch" in data:
             indices = data.get("dataset_indices")
             facts.batch = BatchOrigin(data["batch"], data.get("key", "batch"), tuple(data.get("rows") or ()),

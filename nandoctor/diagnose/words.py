@@ -22,6 +22,8 @@ def parameter(ref: ParameterRef | None) -> str:
 def parameter_phrase(ref: ParameterRef | None) -> str:
     """`parameter `encoder.0.weight`` when it has a name, else the description alone."""
     if ref is not None and ref.name:
+        if ref.buffer:
+            return f"buffer `{ref.name}`"
         return f"parameter `{ref.name}`" if ref.trained else f"frozen parameter `{ref.name}` (requires_grad=False)"
     return parameter(ref)
 

@@ -242,7 +242,7 @@ def fact_rows(facts: SiteFacts) -> list[tuple[str, str]]:
     if p is not None:
         where = f"param_groups[{p.group}].params[{p.index}] " if p.group is not None else ""
         frozen = "" if p.trained else " (requires_grad=False)"
-        rows.append(("parameter", (p.name or f"{where}shape {_numbers(p.shape)}") + frozen))
+        rows.append(("buffer" if p.buffer else "parameter", (p.name or f"{where}shape {_numbers(p.shape)}") + frozen))
     if facts.optimizer:
         rows.append(("optimizer", facts.optimizer))
     b = facts.batch

@@ -9,13 +9,13 @@ from nandoctor.report.model import RunReport
 from nandoctor.stats import TensorSummary
 
 EVERY_FACT = SiteFacts(
-    parameter=ParameterRef(None, (3, 2), group=0, index=1, trained=False), loads_parameter=True, parameter_before_step=True,
+    parameter=ParameterRef(None, (3, 2), group=0, index=1, trained=False, buffer=True), loads_parameter=True, parameter_before_step=True,
     written_by_optimizer=True, optimizer="Adam", untracked_input=True,
     inf_written_at=Location("model.py", 12, "forward", "scores.masked_fill_(mask, -inf)"),
     batch=BatchOrigin(20, "[0]", rows=(3, 5), dataset_indices=(137, 9), refetched_finite=True), device_flag="nan",
     gradient_leak_through="DivBackward0", input_producers={"self": "SoftmaxBackward0"},
     ctc=CtcLengths((6, 6), (2, 7), (CtcItem(1, 6, 7, 0),)), exponent=-0.5, loss=float("nan"), grad_norm=2.5,
-    ignore_index=-100, counted_targets=0, reduced_count=1, correction=1.0, ratio_of_counts=True,
+    ignore_index=-100, counted_targets=0, reduced_count=1, correction=1.0,
 )
 
 

@@ -799,6 +799,15 @@ class TestContext:
         cause = cause_of(lambda: model.load_state_dict(state))
         assert cause.id == "nonfinite_parameter"
 
+    def test_a_loaded_nan_buffer_is_named_as_a_buffer(self):
+        # A checkpoint whose BatchNorm running_var holds a NaN: eval outputs NaN, training not.
+        model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["1.running_var"][2] = float("nan")
+        cause = cause_of(lambda: model.load_state_dict(state))
+        assert cause.id == "nonfinite_parameter" and cause.title == "a buffer was already non-finite"
+        assert "Buffer `1.running_var` holds" in cause.explanation
+
     def test_adam_with_zero_eps_is_an_invalid_optimizer(self):
         w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
         cause = cause_of(train_steps(lambda: (w[0] * 3), [w], opt_cls=torch.optim.Adam, lr=0.1, eps=0.0))

@@ -140,7 +140,8 @@ def nonfinite_parameter(ev: Evidence) -> Cause | None:
            f"It was last written at {ev.where} ({ev.code})" if ev.root.location else "No op nandoctor saw made it")
     return Cause(
         "nonfinite_parameter",
-        "a parameter was already non-finite",
+        "a buffer was already non-finite" if ev.facts.parameter is not None and ev.facts.parameter.buffer
+        else "a parameter was already non-finite",
         f"{words.capitalised(what)} holds {_bad(ev.output)} before training on it. {src}: typically a checkpoint saved after a "
         "NaN, or a hand-made initialisation.",
         "Load a checkpoint from before the failure and validate it (`all(torch.isfinite(t).all() for t in "
