@@ -75,7 +75,7 @@ def test_check_data_annotations_are_relative_to_github_workspace_from_a_subfolde
     result = run_nandoctor(["check-data", "data"], tmp_path / "sub", json_name=None,
                            env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(tmp_path)})
     assert result.code == 3, result.stderr
-    (annotation,) = [line for line in result.stdout.splitlines() if line.startswith("::error ")]
+    (annotation,) = [line for line in result.stderr.splitlines() if line.startswith("::error ")]
     assert _props(annotation)["file"] == "sub/data/bad.npy"
 
 
@@ -85,5 +85,5 @@ def test_without_github_workspace_annotation_paths_are_as_today(tmp_path):
     np.save(data / "bad.npy", np.array([np.nan, 1.0]))
     result = run_nandoctor(["check-data", "data"], tmp_path / "sub", json_name=None,
                            env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": ""})
-    (annotation,) = [line for line in result.stdout.splitlines() if line.startswith("::error ")]
+    (annotation,) = [line for line in result.stderr.splitlines() if line.startswith("::error ")]
     assert _props(annotation)["file"] == "data/bad.npy"
