@@ -594,6 +594,17 @@ class TestRootsAndDomains:
         cause = cause_of(lambda: torch.acos(torch.tensor([0.5, 1.0000001])))
         assert cause.id == "domain_asin_acos" and "clamp" in cause.fix
 
+    def test_acosh_just_below_one_says_so_with_its_own_domain_and_clamp(self):
+        # A Lorentz distance of a point and itself: -<x, x> rounds to 0.99999988.
+        cause = cause_of(lambda: torch.acosh(torch.tensor([2.0, 0.99999988])))
+        assert cause.id == "domain_asin_acos" and "[1, inf)" in cause.explanation
+        assert "0.9999998" in cause.explanation and "acosh(x.clamp_min(1 + 1e-6))" in cause.fix
+
+    def test_acosh_at_one_in_backward_names_its_own_derivative(self):
+        x = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        cause = cause_of(lambda: torch.acosh(x).sum().backward())
+        assert cause.id == "domain_asin_acos" and "1/sqrt(x²-1)" in cause.explanation and "acosh" in cause.fix
+
     def test_near_miss_acos_inside_the_domain(self):
         assert stays_clean(lambda: torch.acos(torch.tensor([-1.0, 0.0, 1.0])))
 

@@ -531,31 +531,46 @@ def pow_invalid(ev: Evidence) -> Cause | None:
     return None
 
 
+# Each inverse function's domain, the edge where its derivative is Inf, and the clamp that
+# keeps it strictly inside (the margin also keeps the gradient finite).
+_INVERSE_DOMAINS = {
+    "acos": ("[-1, 1]", "±1", "1/sqrt(1-x²)", "torch.acos(x.clamp(-1 + 1e-7, 1 - 1e-7))"),
+    "asin": ("[-1, 1]", "±1", "1/sqrt(1-x²)", "torch.asin(x.clamp(-1 + 1e-7, 1 - 1e-7))"),
+    "atanh": ("(-1, 1)", "±1", "1/(1-x²)", "torch.atanh(x.clamp(-1 + 1e-6, 1 - 1e-6))"),
+    "acosh": ("[1, inf)", "1", "1/sqrt(x²-1)", "torch.acosh(x.clamp_min(1 + 1e-6))"),
+}
+
+
 @op_rule("acos", "asin", "atanh", "acosh",
          nodes=("AcosBackward", "AsinBackward", "AtanhBackward", "AcoshBackward"))
 def domain_asin_acos(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
+    name = ev.forward_op if ev.node else ev.op
+    domain, edge, derivative, clamp = _INVERSE_DOMAINS.get(name, _INVERSE_DOMAINS["acos"])
     if ev.node:
         return Cause(
             "domain_asin_acos",
-            f"{ev.forward_op} at ±1: infinite gradient",
-            f"The forward line {ev.where} ({ev.code}) evaluates {ev.forward_op} at exactly ±1, where its derivative "
-            f"1/sqrt(1-x²) is Inf ({_out(ev)}).",
-            "Clamp strictly inside the domain: `torch.acos(x.clamp(-1 + 1e-7, 1 - 1e-7))`.",
+            f"{name} at {edge}: infinite gradient",
+            f"The forward line {ev.where} ({ev.code}) evaluates {name} at exactly {edge}, where its derivative "
+            f"{derivative} is Inf ({_out(ev)}).",
+            f"Clamp strictly inside the domain: `{clamp}`.",
         )
     if x is None:
         return None
-    lo, hi = (-1.0, 1.0) if ev.op != "acosh" else (1.0, float("inf"))
-    outside = (x.min is not None and x.min < lo) or (x.max is not None and x.max > hi)
-    if not outside:
+    lo, hi = (-1.0, 1.0) if name != "acosh" else (1.0, float("inf"))
+    below, above = x.min is not None and x.min < lo, x.max is not None and x.max > hi
+    if not (below or above):
         return None
+    nearest = x.min if below else x.max
+    why = (" A cosine similarity of (nearly) identical unit vectors rounds to slightly outside ±1." if name in ("acos", "asin")
+           else " A distance computed as acosh of an inner product rounds to just below 1 for a point and itself."
+           if name == "acosh" else "")
     return Cause(
         "domain_asin_acos",
-        f"{ev.op} outside its domain",
-        f"At {ev.where} ({ev.code}) inputs range over [{fmt(x.min)}, {fmt(x.max)}]; {ev.op} is defined only on "
-        f"[{lo}, {hi}] and gives NaN outside ({_out(ev)}). A cosine similarity of (nearly) identical unit vectors "
-        "rounds to slightly above 1.",
-        "Clamp into the domain: `torch.acos(cos.clamp(-1 + 1e-7, 1 - 1e-7))` (the margin also keeps the gradient finite).",
+        f"{name} outside its domain",
+        f"At {ev.where} ({ev.code}) inputs reach {nearest!r} (range [{fmt(x.min)}, {fmt(x.max)}]); {name} is defined "
+        f"only on {domain} and gives NaN outside ({_out(ev)}).{why}",
+        f"Clamp into the domain: `{clamp}`.",
     )
 
 
