@@ -390,7 +390,7 @@ class Detector(Observer):
         with self.internal():
             if self.records.get(t) is not None or all_finite(t):  # (from_numpy also lifts)
                 return
-            record = self.recorder.entered(op, t, self.recorder.phase(None, ()))
+            record = self.recorder.entered(op, t, self.recorder.entering_phase())
         self.records.put(t, record)
 
     def state_exported(self, module, state) -> None:

@@ -233,6 +233,7 @@ class ModuleTracker:
         self._stack: list[str] = []
         self._handles: list = []
         self.loading_state = 0  # > 0 inside Module.load_state_dict
+        self.ran = False  # a module's forward has run (the model is being trained or used)
 
     def install(self) -> None:
         from torch.nn.modules import module as nn_module
@@ -307,6 +308,7 @@ class ModuleTracker:
         if name is None:
             name = self._name_tree(module)
         self._stack.append(name)
+        self.ran = True
 
     def _leave(self, module, args, output) -> None:
         if self._stack and not compiling():

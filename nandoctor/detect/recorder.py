@@ -168,7 +168,8 @@ class Recorder:
         and the step, an op on a parameter's gradient (a hand-written normalisation or
         clipping of `p.grad`) works on what backward made: backward, not forward."""
         phase = self.state.phase(node, args, self.modules.current, self.modules.building,
-                                 self.locator.preparing_data, loading=bool(self.modules.loading_state))
+                                 self.locator.preparing_data, loading=bool(self.modules.loading_state),
+                                 model_ran=lambda: self.modules.ran)
         if phase == "forward" and self.state.backward_started and self.modules.holds_gradient(tensors_of(args)):
             return "backward"
         return phase
@@ -258,6 +259,13 @@ class Recorder:
     def latest_birth(self) -> Record | None:
         """The non-finite value made most recently (accepted lines and masks aside)."""
         return next((r for r in reversed(self._births) if not r.intended), None)
+
+    def entering_phase(self) -> str:
+        """The phase of a value entering torch from outside (`from_numpy`, `torch.tensor`):
+        data, as a batch that arrived non-finite is, unless a module's forward or its
+        set-up made it."""
+        phase = self.phase(None, ())
+        return "data" if phase == "forward" and self.modules.current is None else phase
 
     def entered(self, op: str, t: torch.Tensor, phase: str) -> Record:
         """The record of a value that entered torch non-finite: a birth, from outside, unless

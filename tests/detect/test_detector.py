@@ -445,13 +445,37 @@ class TestSetupPhases:
         d = detect(train).detection
         assert d.root.op == "aten.div.Tensor" and d.root.phase == "data"
 
-    def test_near_miss_the_same_division_in_the_loop_after_the_optimizer_is_forward(self):
+    def test_data_prepared_after_the_optimizer_but_before_the_model_ran_is_data(self):
+        # A Trainer that builds its optimizer in __init__ and its data in prepare().
         def train():
             torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
             raw = torch.ones(6, 2)
             read_back(raw / (raw.max() - raw.min()))
 
+        assert detect(train).detection.root.phase == "data"
+
+    def test_near_miss_the_same_division_in_the_loop_once_the_model_ran_is_forward(self):
+        def train():
+            model = torch.nn.Linear(2, 1)
+            torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.ones(1, 2))  # the first step's forward
+            raw = torch.ones(6, 2)
+            read_back(raw / (raw.max() - raw.min()))
+
         assert detect(train).detection.root.phase == "forward"
+
+    def test_a_value_entering_torch_non_finite_in_the_loop_is_data(self):
+        import numpy as np
+
+        def train():
+            model = torch.nn.Linear(2, 1)
+            torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.ones(1, 2))
+            targets = torch.from_numpy(np.array([1.0, np.nan], dtype=np.float32))  # MARK-entered
+            read_back(targets * 2)
+
+        root = detect(train).detection.root
+        assert root.phase == "data" and root.location.line == line_of("MARK-entered")
 
     def test_an_op_on_a_parameter_before_training_is_init(self):
         w = torch.nn.Parameter(torch.ones(2))
