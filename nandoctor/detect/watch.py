@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Any
 
 import torch
 
@@ -33,6 +34,10 @@ class StepWatcher(Observer):
         self.watch_finding: WatchFinding | None = None
         self._loss: torch.Tensor | None = None
         self._loss_where = None
+        # Losses of earlier backward() calls in the step (gradient accumulation), with their
+        # lines: a micro-batch's NaN loss is its rank's own, though only its gradients reach
+        # the step (and, under DDP, every rank's after the all-reduce). Read in the step's sync.
+        self._earlier: list[tuple[torch.Tensor, Any]] = []
         self._scaled_loss = False
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
         self._hooks = TrainingHooks(self)
@@ -54,6 +59,8 @@ class StepWatcher(Observer):
         loss = next((t for t in roots if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
         if loss is None or loss.is_meta:  # a meta tensor has no value to check
             return 0
+        if self._loss is not None and self.state.optimizer_seen and not self._scaled_loss:
+            self._earlier.append((self._loss, self._loss_where))
         if loss.dim() == 0:
             self._loss = loss.detach()
         else:
@@ -77,13 +84,18 @@ class StepWatcher(Observer):
         # (Both are 0-d and hold no graph: the loss kept detached, the norm clip measured.)
         head = [t if t.dim() == 0 else t.reshape(()) for t in (self._loss, self.state.clipped_from)
                 if isinstance(t, torch.Tensor)]
-        values = head + (list(torch._foreach_norm(grads)) if grads else [])  # one reduction per gradient
+        earlier, self._earlier = self._earlier, []
+        values = [t for t, _ in earlier] + head + (list(torch._foreach_norm(grads)) if grads else [])
         if not values:
             return
-        # The one host sync of the step: the loss, the norm clip_grad_norm_ measured and every
-        # gradient's norm in one transfer, combined here in float64 (where the squares of
-        # float32 norms cannot overflow).
+        # The one host sync of the step: the losses, the norm clip_grad_norm_ measured and
+        # every gradient's norm (one reduction each) in one transfer, combined here in
+        # float64 (where the squares of float32 norms cannot overflow).
         numbers = _as_floats(values)
+        for (_, where), value in zip(earlier, numbers[:len(earlier)]):
+            if not math.isfinite(value):
+                self._stop("loss", value, None, where)
+        del numbers[:len(earlier)]
         loss = numbers.pop(0) if self._loss is not None else None
         clipped_from = numbers.pop(0) if isinstance(self.state.clipped_from, torch.Tensor) else None
         grad_norm = math.sqrt(math.fsum(n * n for n in numbers)) if grads else None
@@ -106,6 +118,7 @@ class StepWatcher(Observer):
             return
         loss = float(self._loss.item()) if self._loss is not None else None
         self._loss = None
+        self._earlier.clear()
         if loss is not None and self.amp.loss_seen(math.isfinite(loss)):
             self._stop("loss", loss, None, self._loss_where)
         if self.amp.collapsed(scaler) is not None:
@@ -114,6 +127,13 @@ class StepWatcher(Observer):
     def after_optimizer_step(self, optimizer) -> None:
         self._loss = None
         super().after_optimizer_step(optimizer)
+
+    def clearing_gradients(self, optimizer, clear):
+        """The script throws away the gradients of the losses kept so far (a skipped step):
+        those losses are discarded with them."""
+        self._earlier.clear()
+        self._loss = None
+        return clear()
 
     def state_exported(self, module, state) -> None:
         """The weights of a model no optimizer trains (an EMA or SWA average, written through

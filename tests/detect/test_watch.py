@@ -33,6 +33,38 @@ def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
     assert torch.isfinite(w).all()
 
 
+def _accumulate(bad_micro_batch: int | None, skip_when_bad: bool = False) -> StepWatcher:
+    """Two steps of four micro-batches each; one micro-batch's loss is NaN (its gradients too)."""
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([w], lr=0.1)
+    watcher = StepWatcher(load_config().run)
+    try:
+        with watcher:
+            for step in range(2):
+                opt.zero_grad()
+                for micro in range(4):
+                    scale = float("nan") if (step, micro) == (1, bad_micro_batch) else 1.0
+                    loss = (w * w).sum() * scale / 4
+                    loss.backward()
+                    if skip_when_bad and not torch.isfinite(loss):
+                        opt.zero_grad()  # the script throws this micro-batch's gradients away
+                opt.step()
+    except NonFiniteFound:
+        pass
+    return watcher
+
+
+def test_an_earlier_micro_batchs_nan_loss_is_the_finding_not_only_its_gradients():
+    # Under DDP's no_sync() only this rank's loss tells the NaN is its own: the gradients
+    # every rank sees after the all-reduce are the same.
+    finding = _accumulate(bad_micro_batch=1).finding()
+    assert finding is not None and (finding.what, finding.step) == ("loss", 1)
+
+
+def test_near_miss_a_micro_batch_whose_gradients_the_script_threw_away_is_not_a_finding():
+    assert _accumulate(bad_micro_batch=1, skip_when_bad=True).finding() is None
+
+
 def test_meta_tensors_pass_through_watch_mode():
     # A model built on the meta device has no values: the step is counted, nothing is read.
     watcher = StepWatcher(load_config().run)
