@@ -106,6 +106,19 @@ class SourceLocator:
             frame = frame.f_back
         return False
 
+    def in_training_loop(self) -> bool:
+        """Does a user frame on the stack run inside a `for`/`while` loop whose body trains
+        (`loss.backward()`, `opt.step()`, `train_one_epoch(...)`)? Targets encoded in the
+        loop before the model's first forward are the step's; the same code run once
+        before the loop prepares data. On the rare path only: one walk up the stack."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if self._user_code(code) and _in_a_training_loop(linecache.getlines(code.co_filename), frame.f_lineno):
+                return True
+            frame = frame.f_back
+        return False
+
     def library_frame(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
         """(code, line) of the innermost frame of an installed framework (Keras, Lightning,
         transformers; not torch) between the op and the user's line, or None when the user's
@@ -209,6 +222,38 @@ def _guarded_by_a_finiteness_test(lines: list[str], line: int) -> bool:
         if stripped.startswith(("else", "elif ")):
             indent += 1  # (the `if` it belongs to is at its own indentation, above it)
     return False
+
+
+_LOOP = ("for ", "while ", "async for ")
+# A call that trains: backward, an optimizer's or scheduler's step, a train/fit function.
+_TRAINS = re.compile(r"\bbackward\(|\.step\(|\btrain\w*\(|\bfit\(")
+
+
+def _in_a_training_loop(lines: list[str], line: int) -> bool:
+    """Is source line `line` (1-based) inside a `for`/`while` loop, up to the enclosing
+    function, whose body calls something that trains (see `_TRAINS`)?"""
+    if not 0 < line <= len(lines):
+        return False
+    indent = _indent_of(lines[line - 1])
+    for index in range(line - 2, -1, -1):
+        stripped = lines[index].strip()
+        if not stripped or stripped.startswith("#") or _indent_of(lines[index]) >= indent:
+            continue
+        indent = _indent_of(lines[index])
+        if stripped.startswith(_LOOP) and any(_TRAINS.search(text) for text in _body(lines, index)):
+            return True
+        if stripped.startswith(_SCOPE):
+            return False
+    return False
+
+
+def _body(lines: list[str], header: int):
+    """The lines of the block that line index `header` opens."""
+    indent = _indent_of(lines[header])
+    for text in lines[header + 1:]:
+        if text.strip() and not text.strip().startswith("#") and _indent_of(text) <= indent:
+            return
+        yield text
 
 
 def _indent_of(text: str) -> int:

@@ -169,7 +169,7 @@ class Recorder:
         clipping of `p.grad`) works on what backward made: backward, not forward."""
         phase = self.state.phase(node, args, self.modules.current, self.modules.building,
                                  self.locator.preparing_data, loading=bool(self.modules.loading_state),
-                                 model_ran=lambda: self.modules.ran)
+                                 model_ran=lambda: self.modules.ran, in_training_loop=self.locator.in_training_loop)
         if phase == "forward" and self.state.backward_started and self.modules.holds_gradient(tensors_of(args)):
             return "backward"
         return phase

@@ -454,6 +454,19 @@ class TestSetupPhases:
 
         assert detect(train).detection.root.phase == "data"
 
+    def test_near_miss_targets_encoded_in_the_training_loop_before_the_model_ran_are_forward(self):
+        model = torch.nn.Linear(2, 1)
+
+        def train():
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(1):
+                widths = torch.tensor([0.0, 32.0]) * 1
+                read_back(torch.log(widths / 32.0))  # step 0's targets, before its forward
+                model(torch.ones(1, 2)).sum().backward()
+                opt.step()
+
+        assert detect(train).detection.root.phase == "forward"
+
     def test_near_miss_the_same_division_in_the_loop_once_the_model_ran_is_forward(self):
         def train():
             model = torch.nn.Linear(2, 1)
