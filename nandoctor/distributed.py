@@ -81,11 +81,15 @@ class RankReport:
     ranks_nonfinite: list[int]
     culprit_step: int | None = None
     stopped_by_peer: bool = False  # this rank was stopped because another one found it
+    # With no culprit: the rank whose script failed first (its own error, before a peer's
+    # collective failed because that rank's process was gone).
+    failed_first_rank: int | None = None
 
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "rank": self.rank, "local_rank": self.local_rank, "host": self.host,
                 "culprit_rank": self.culprit_rank, "ranks_nonfinite": list(self.ranks_nonfinite),
-                "culprit_step": self.culprit_step, "stopped_by_peer": self.stopped_by_peer}
+                "culprit_step": self.culprit_step, "stopped_by_peer": self.stopped_by_peer,
+                "failed_first_rank": self.failed_first_rank}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "RankReport | None":
@@ -93,7 +97,7 @@ class RankReport:
             return None
         return cls(data["world_size"], data["rank"], data.get("local_rank", data["rank"]), data.get("host", ""),
                    data.get("culprit_rank"), list(data.get("ranks_nonfinite") or []), data.get("culprit_step"),
-                   bool(data.get("stopped_by_peer")))
+                   bool(data.get("stopped_by_peer")), data.get("failed_first_rank"))
 
     @property
     def is_culprit(self) -> bool:
@@ -101,8 +105,11 @@ class RankReport:
 
     @property
     def writes_run_report(self) -> bool:
-        """The run's one report is the culprit's; with no culprit, rank 0's."""
-        return self.is_culprit if self.culprit_rank is not None else self.rank == 0
+        """The run's one report is the culprit's; with no culprit, that of the rank whose
+        script failed first, else rank 0's."""
+        if self.culprit_rank is not None:
+            return self.is_culprit
+        return self.rank == (self.failed_first_rank if self.failed_first_rank is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -442,11 +449,12 @@ class RankRun:
         return claim is not None and claim.rank != self.info.rank
 
     def settle(self, own_nonfinite: bool, found: bool, stopped: bool, step: int | None,
-               phase: str | None = None) -> RankReport:
+               phase: str | None = None, failed: bool = False) -> RankReport:
         """`own_nonfinite`: this rank's own values went non-finite (in `phase` of its step);
         `found`: it found a non-finite value (maybe one that arrived from the others:
         averaged gradients); `stopped`: it ended early for any reason (a finding, a peer's
-        claim, an error)."""
+        claim, an error); `failed`: its script failed with no finding (an error, a failing
+        exit status)."""
         channel = self.channel
         channel.close()
         if own_nonfinite:
@@ -469,7 +477,14 @@ class RankRun:
             nonfinite = sorted(r for r, status in statuses.items() if status.get("own_nonfinite"))
             if own_nonfinite and self.info.rank not in nonfinite:
                 nonfinite = sorted([*nonfinite, self.info.rank])
+        failed_first = None
+        if culprit is None and failed:
+            # A peer's collective fails only once this rank's process is gone: the first
+            # rank to fail says so first, and its error is the run's.
+            said = channel.decide("failed_first", str(self.info.rank))
+            failed_first = int(said) if said is not None else None
         info = self.info
         return RankReport(info.world_size, info.rank, info.local_rank, info.host, culprit, nonfinite,
                           claim.step if claim is not None else None,
-                          stopped_by_peer=stopped and culprit is not None and culprit != info.rank and not own_nonfinite)
+                          stopped_by_peer=stopped and culprit is not None and culprit != info.rank and not own_nonfinite,
+                          failed_first_rank=failed_first)

@@ -122,7 +122,8 @@ def select(request: RunRequest) -> RunMode:
 def _localise(request: RunRequest, rng, first: RunReport, what: str, step: int,
               weights_clean: bool | None) -> tuple[RunReport | None, replay.ReplayOutcome]:
     """Replay up to the failing step: (the replay's report if it reproduced, the outcome)."""
-    note_line(replay_words.started(first.mode, what, step, weights_clean))
+    if first.distributed is None or first.distributed.writes_run_report:
+        note_line(replay_words.started(first.mode, what, step, weights_clean))  # (once, not once per rank)
     if request.distributed_replay is not None:
         outcome = request.distributed_replay(step + 1, replay_run(request, rng, step + 1))
     else:

@@ -111,8 +111,9 @@ def _settle(ranks: RankRun, observer: Observer, outcome: ScriptOutcome) -> RankR
     """Agree with the other ranks on the culprit (see distributed.py)."""
     found = observer.finding()
     stopped = found is not None or outcome.exit_code != 0 or observer.peer_claim is not None
+    failed = found is None and outcome.exit_code != 0 and observer.peer_claim is None
     return ranks.settle(own_nonfinite=_own_values(found), found=found is not None, stopped=stopped,
-                        step=observer.state.step_or_none, phase=_phase(found))
+                        step=observer.state.step_or_none, phase=_phase(found), failed=failed)
 
 
 def _phase(found) -> str | None:

@@ -83,6 +83,18 @@ def test_a_rank_stopped_inside_a_collective_joins_the_culprits_replay(tmp_path):
 
 
 @launch
+def test_with_no_finding_the_run_report_is_the_error_of_the_rank_that_failed_first(tmp_path):
+    # Rank 1's IndexError, not rank 0's "connection closed by peer" that it caused.
+    proc, elapsed = _launch(tmp_path, RAISE_AT="2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = _report(tmp_path)
+    assert report["status"] == "script_error" and report["error"]["type"] == "IndexError"
+    assert report["distributed"]["rank"] == 1 and report["distributed"]["failed_first_rank"] == 1
+    assert _report(tmp_path, "r.rank0.json")["distributed"]["failed_first_rank"] == 1
+    assert elapsed < 60
+
+
+@launch
 def test_a_bug_every_rank_hits_is_reported_as_such(tmp_path):
     proc, _ = _launch(tmp_path, LOG_ZERO="1")
     assert proc.returncode == 3, proc.stderr[-3000:]

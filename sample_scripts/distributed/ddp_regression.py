@@ -8,6 +8,8 @@
 #                 with DIE_WHILE=busy rank 1 dies at once while rank 0 is still busy with its
 #                 own work (no collective fails: the launcher's SIGTERM stops rank 0);
 #                 with DIE_HOW=kill it is SIGKILLed (as the OOM killer does) instead of exiting 9.
+#   RAISE_AT=2    rank 1's script raises IndexError at step 2 (a bad label: no NaN anywhere)
+#                 while rank 0 waits for it in the step's all-reduce.
 #   CHECK_LOSS=1  the script checks its loss itself and raises before backward(), so the
 #                 other rank waits in backward's all-reduce for a rank that never comes.
 # EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
@@ -52,6 +54,8 @@ for epoch in range(int(os.environ.get("EPOCHS", "1"))):
                 os._exit(9)
             elif busy:
                 time.sleep(60)
+        if rank == 1 and step == int(os.environ.get("RAISE_AT", "-1")):
+            raise IndexError(f"Target 5 is out of bounds at step {step}")
         out = model(x)
         loss = ((out - y) ** 2).mean()
         if LOG_ZERO and step == 2:
