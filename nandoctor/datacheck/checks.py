@@ -308,6 +308,8 @@ def channel_axis(shape: Sequence[int]) -> int | None:
     n, a, b, c = shape
     nchw = 2 <= a <= _MAX_CHANNELS and min(b, c) >= _MIN_SIDE
     nhwc = 2 <= c <= _MAX_CHANNELS and min(a, b) >= _MIN_SIDE
+    if nchw and nhwc and a != c:  # (N, 16, 16, 4): the fewer are the channels
+        return 1 if a < c else 3
     if nchw == nhwc:
         return None  # neither, or (N, 3, 8, 3): no honest guess
     return 1 if nchw else 3

@@ -80,11 +80,11 @@ class FileContext:
         self.problems.append(Problem(self.path, key, check, count, detail))
 
     def check_numpy(self, key: str | None, array: np.ndarray, *, label_name: str | None = None,
-                    allow_constant: bool = True) -> None:
+                    allow_constant: bool = True, label: bool = False) -> None:
         if not is_checkable(array.dtype):
             return
         self.add(key, check_array(array, options=self.options, on_bytes=self.on_bytes,
-                                  is_label=looks_like_label(label_name or key),
+                                  is_label=label or looks_like_label(label_name or key),
                                   allow_constant=allow_constant))
 
     def check_rows(self, key: str | None, read_rows, shape, dtype: np.dtype, *,
@@ -509,7 +509,7 @@ def read_image(ctx: FileContext) -> None:
             for index, frame in enumerate(ImageSequence.Iterator(image)):
                 frame.load()  # decode everything: a truncated file fails here, not later
                 key = f"frame {index}" if frames > 1 else None
-                ctx.check_numpy(key, _image_array(frame), label_name=_label_image_name(ctx, frame))
+                ctx.check_numpy(key, _image_array(frame), label=_is_label_image(ctx, frame))
     except UnidentifiedImageError:
         raise ctx.not_valid() from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
@@ -524,17 +524,15 @@ def _image_array(frame) -> np.ndarray:
 _INDEX_MODES = ("L", "P", "I", "I;16")
 
 
-def _label_image_name(ctx: FileContext, frame) -> str | None:
-    """With `--num-classes`, for a single-channel integer image whose name or folder reads
-    like a label (`labels/0001.png`, `0001_gt.png`): that name, so its values are checked.
-    (Without it an image is only an image: a blank one stays a `constant` warning.)"""
+def _is_label_image(ctx: FileContext, frame) -> bool:
+    """With `--num-classes`: is this a class-index mask, a single-channel integer image whose
+    name or folder reads like a label (`labels/0001.png`, `0001_gt.png`)? Its values are
+    then checked. (Without it an image is only an image: a blank one stays a `constant`
+    warning.)"""
     if ctx.options.num_classes is None or frame.mode not in _INDEX_MODES:
-        return None
+        return False
     folder, name = os.path.split(ctx.path)
-    stem, folder = os.path.splitext(name)[0], os.path.basename(folder)
-    if looks_like_label(stem):
-        return stem
-    return folder if folder.lower() in _LABEL_FOLDERS else None
+    return looks_like_label(os.path.splitext(name)[0]) or os.path.basename(folder).lower() in _LABEL_FOLDERS
 
 
 # Folders whose images are class-index masks (the whole name: `test_class_data` is not one).

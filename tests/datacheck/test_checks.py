@@ -129,6 +129,10 @@ def test_a_dead_channel_of_an_image_batch_is_constant():
     hwc = np.ascontiguousarray(images.transpose(0, 2, 3, 1))
     (finding,) = check_array(hwc)
     assert "channel 2 is all 0" in finding.detail and "NHWC" in finding.detail
+    rgbd = np.random.default_rng(1).random((5, 16, 16, 4)).astype(np.float32)
+    rgbd[..., 3] = 0.0  # 16 x 16 pictures of 4 channels: the 4 are the channels
+    (finding,) = check_array(rgbd)
+    assert "channel 3 is all 0" in finding.detail and "NHWC" in finding.detail
 
 
 def test_arrays_that_are_not_image_batches_have_no_channels_to_check():

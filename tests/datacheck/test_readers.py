@@ -466,6 +466,10 @@ def test_a_class_index_mask_in_a_labels_folder_is_range_checked_with_num_classes
     Image.fromarray(mask).save(tmp_path / "labels" / "0001.png")
     (problem,) = problems_of(tmp_path / "labels" / "0001.png", num_classes=21)
     assert (problem.check, problem.count, problem.positions) == ("label_range", 1, [(2, 3)])
+    (tmp_path / "SegmentationClass").mkdir()  # VOC's folder, 255 its void border
+    Image.fromarray(np.where(mask == 25, 255, mask).astype(np.uint8)).save(tmp_path / "SegmentationClass" / "a.png")
+    (problem,) = problems_of(tmp_path / "SegmentationClass" / "a.png", num_classes=21)
+    assert problem.check == "label_range" and "ignored: -100" in problem.detail
     # The same picture as a photo's grey channel is no label, and without a class count
     # nothing says what a label may be.
     Image.fromarray(mask).save(tmp_path / "grey.png")
