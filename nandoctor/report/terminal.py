@@ -313,11 +313,23 @@ def _lineage(lineage: list[Site], width: int = 120) -> Table:
     for name in columns:
         wrap = {"overflow": "fold"} if name in ("op", "module") else {"no_wrap": True}
         table.add_column(name, style="dim" if name == "#" else None, **wrap)
-    for row in zip(*columns.values()):
+    rows = list(zip(*columns.values()))
+    if len(rows) > LINEAGE_SHOWN:
+        # A loop unrolled op by op (Sinkhorn's iterations) would fill the screen: its ends
+        # tell the story; the JSON report keeps every row.
+        head, tail = LINEAGE_SHOWN // 2, LINEAGE_SHOWN - LINEAGE_SHOWN // 2
+        gap = [""] * len(columns)
+        gap[1] = f"… {len(rows) - head - tail} more ops (every one in the JSON report)"
+        rows = rows[:head] + [tuple(gap)] + rows[-tail:]
+    for row in rows:
         cells = list(row)
-        cells[-1] = _tensor_line(cells[-1], 1)
+        if cells[-1]:
+            cells[-1] = _tensor_line(cells[-1], 1)
         table.add_row(*cells)
     return table
+
+
+LINEAGE_SHOWN = 16  # lineage rows the terminal shows at most: the first 8 and the last 8
 
 
 def _short_location(location: Location | None, root_file: str | None, width: int = 40) -> str:

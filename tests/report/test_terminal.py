@@ -248,6 +248,18 @@ def test_at_80_columns_a_long_code_line_wraps_under_the_code_not_at_the_left_edg
     assert "weight_decay * parameter_norm_sq" in continuation
 
 
+def test_a_long_lineage_shows_its_ends_and_counts_what_it_leaves_out(tmp_path):
+    # Sinkhorn's iterations unrolled op by op: 40 rows; the JSON keeps them all.
+    report = nonfinite_report(tmp_path)
+    middle = [Site(f"aten.op{i}.default", "forward", report.root.location, output=summary("output", nan=1))
+              for i in range(38)]
+    report.lineage = [report.root, *middle, report.event]
+    text = rendered(report)
+    assert "aten.op0.default" in text and "aten.op37.default" in text and "aten.mul.Tensor" in text
+    assert "aten.op10.default" not in text and "… 24 more ops (every one in the JSON report)" in text
+    assert len(report.to_dict()["lineage"]) == 40
+
+
 def test_at_80_columns_a_lineage_location_in_another_file_is_never_broken(tmp_path):
     text = rendered_at(deep_report(tmp_path))
     assert "gaussian_likelihood_head.py:41" in text  # shortened from the left, if at all, never broken
