@@ -765,6 +765,13 @@ class TestContext:
         assert cause.id == "inf_arithmetic" and "sub" in cause.explanation
         assert 'torch.tensor([float("-inf")]' in cause.explanation  # where the -inf was written
 
+    def test_a_zero_one_mask_multiplied_by_minus_inf_says_to_select_instead(self):
+        # Older BERT code: (1 - allowed) * -10000.0, written with -inf: 0 * -inf = NaN.
+        allowed = torch.tril(torch.ones(4, 4))
+        cause = cause_of(lambda: (1.0 - allowed) * float("-inf"))
+        assert cause.id == "inf_arithmetic" and cause.title == "a mask multiplied by an infinity"
+        assert "torch.where(allowed, 0.0, float('-inf'))" in cause.fix
+
     def test_near_miss_a_running_max_that_starts_at_minus_inf_is_clean(self):
         mask = torch.zeros(3, 6, dtype=torch.bool)
         mask[1, :2] = True  # masked, but every chunk keeps a value

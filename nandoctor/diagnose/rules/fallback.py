@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from nandoctor.diagnose import words
-from nandoctor.diagnose.evidence import FLOAT_MAX, OVERWRITTEN_SUFFIX, Evidence, fmt
+from nandoctor.diagnose.evidence import FLOAT_MAX, OVERWRITTEN_SUFFIX, Evidence, count_of, fmt
 from nandoctor.diagnose.registry import fallback_rule
 from nandoctor.report.model import Cause
 
@@ -136,6 +136,9 @@ def inf_arithmetic(ev: Evidence) -> Cause | None:
     born = words.inf_source(ev.facts)
     if ev.inputs_finite() and not born:
         return None
+    masked = _mask_times_inf(ev)
+    if masked is not None:
+        return masked
     return Cause(
         "inf_arithmetic",
         "arithmetic on values that were already infinite",
@@ -187,4 +190,26 @@ def float_overflow(ev: Evidence) -> Cause | None:
         f"{fmt(_largest_input(ev))}.",
         "Scale the values down (normalise inputs, smaller initialisation, lower learning rate) or compute in a "
         "wider dtype (float64 for this op).",
+    )
+
+
+def _mask_times_inf(ev: Evidence) -> Cause | None:
+    """`(1 - allowed) * float("-inf")`: a 0/1 mask multiplied by an infinity, as older code
+    builds an additive attention mask with a large negative number; with -inf itself the
+    allowed positions are 0 * -inf = NaN."""
+    if not ev.op.startswith("mul") or not ev.made_nan():
+        return None
+    inputs = ev.root.inputs
+    zeros = next((s for s in inputs if s.zeros and not s.nonfinite), None)
+    infinite = next((s for s in inputs if s.posinf or s.neginf), None)
+    if zeros is None or infinite is None:
+        return None
+    return Cause(
+        "inf_arithmetic",
+        "a mask multiplied by an infinity",
+        f"At {ev.where} ({ev.code}) {count_of(zeros.zeros, zeros)} values of `{zeros.name}` are 0 and are multiplied "
+        f"by an infinity: 0 * inf = NaN ({ev.output.nan if ev.output else 'some'} NaN). Multiplying a 0/1 mask by a "
+        "large negative number builds an additive mask; with -inf the positions meant to stay 0 become NaN.",
+        "Select instead of multiplying: `torch.where(allowed, 0.0, float('-inf'))` or "
+        "`torch.zeros_like(scores).masked_fill(~allowed, float('-inf'))`.",
     )
