@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import os
 import re
 import sys
@@ -656,6 +657,85 @@ def _append_float(values: list[float], cell: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+@reader(".jsonl", ".ndjson")
+def read_json_lines(ctx: FileContext) -> None:
+    """One JSON record per line (Python's json reads NaN, Infinity and -Infinity, as pandas
+    and json.dumps write them). Every numeric field is a column, named by its path in the
+    record (`label`, `meta.score`); a list of numbers is one column of all its values."""
+    if looks_binary(ctx.head()):
+        raise ctx.not_valid()
+    import json
+
+    columns: dict[str, _JsonColumn] = {}
+    records = 0
+    with open(ctx.path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise Unreadable(f"line {number} is not JSON: {_one_line(exc)}") from None
+            records += 1
+            for key, value in _json_numbers(record, ""):
+                column = columns.get(key)
+                if column is None:
+                    column = columns[key] = _JsonColumn(ArrayChecker(None, np.dtype(np.float64), options=ctx.options,
+                                                                     is_label=looks_like_label(key), allow_constant=False))
+                column.add(value)
+    if records == 0:
+        ctx.problem(None, "empty", "the file holds no JSON records")
+        return
+    for key, column in columns.items():
+        column.flush()
+        ctx.add(key, column.checker.findings())
+
+
+class _JsonColumn:
+    """The numbers of one field, fed to its checker in chunks (memory stays bounded)."""
+
+    def __init__(self, checker: ArrayChecker) -> None:
+        self.checker, self.values, self.offset = checker, [], 0
+
+    def add(self, values: list[float]) -> None:
+        self.values += values
+        if len(self.values) >= 65536:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.values:
+            self.checker.feed(np.asarray(self.values, dtype=np.float64), self.offset)
+            self.offset += len(self.values)
+            self.values = []
+
+
+def _json_numbers(value: Any, key: str) -> Iterator[tuple[str, list[float]]]:
+    """(field path, its numbers) for each numeric field of a JSON record."""
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            yield from _json_numbers(inner, f"{key}.{name}" if key else str(name))
+    elif isinstance(value, list):
+        numbers = [_as_float(v) for v in value if _is_number(v)]
+        if numbers:
+            yield key or "[]", numbers
+        for inner in value:
+            if isinstance(inner, (dict, list)):
+                yield from _json_numbers(inner, key)
+    elif _is_number(value):
+        yield key or "value", [_as_float(value)]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float64: Inf once a loader turns it into floats
+        return math.inf if value > 0 else -math.inf
 
 
 @reader(".parquet")

@@ -364,6 +364,22 @@ def test_csv_column_with_every_cell_empty_or_nan_is_all_nan(tmp_path):
     assert found == {("notes", "nan", 2), ("score", "nan", 2)}
 
 
+def test_json_lines_nan_and_infinity_are_reported_by_field_path(tmp_path):
+    # json.dumps writes NaN and Infinity; HF-style exports nest fields and lists.
+    (tmp_path / "d.jsonl").write_text(
+        '{"text": "a", "score": 0.5, "meta": {"w": 1.0}, "emb": [0.1, 0.2]}\n'
+        '{"text": "b", "score": NaN, "meta": {"w": 1.0}, "emb": [Infinity, 0.3]}\n\n'
+        '{"text": "c", "score": 0.7, "meta": {"w": 1.0}, "emb": [0.4, 0.5]}\n')
+    found = {(p.key, p.check, p.count) for p in problems_of(tmp_path / "d.jsonl")}
+    assert found == {("score", "nan", 1), ("emb", "inf", 1)}  # a field constant by design is no problem
+
+
+def test_a_json_lines_file_with_a_broken_line_is_unreadable_and_says_which(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"x": 1}\n{"x": \n')
+    (problem,) = problems_of(tmp_path / "d.jsonl")
+    assert problem.check == "unreadable" and "line 2" in problem.detail
+
+
 def test_csv_inf_is_reported(tmp_path):
     write_rows(tmp_path / "t.csv", [["x"], [1.0], ["inf"], [2.0]])
     (problem,) = problems_of(tmp_path / "t.csv")

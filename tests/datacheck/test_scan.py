@@ -37,12 +37,12 @@ def test_a_file_reached_through_two_paths_is_checked_once(tmp_path):
 
 
 def test_skipped_files_are_named_fifos_included(tmp_path):
-    (tmp_path / "notes.jsonl").write_text('{"x": NaN}\n')
+    (tmp_path / "notes.txt").write_text("x = NaN\n")
     os.mkfifo(tmp_path / "pipe.npy")  # opening it would block: never opened
     np.save(tmp_path / "x.npy", np.arange(3.0))
     report = run_scan(tmp_path)
     assert report.files_scanned == 1 and report.files_skipped == 2
-    assert sorted(os.path.basename(p) for p in report.skipped) == ["notes.jsonl", "pipe.npy"]
+    assert sorted(os.path.basename(p) for p in report.skipped) == ["notes.txt", "pipe.npy"]
     assert report.to_dict()["skipped_files"] == report.skipped
 
 
