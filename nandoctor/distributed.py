@@ -268,13 +268,12 @@ class PeerChannel:
         store = self.store()
         if store is None:
             return value if self.info.rank == 0 else None
-        try:
-            if self.info.rank == 0 and value is not None:
+        if self.info.rank == 0 and value is not None:
+            try:
                 store.set(self._key(name), value)
-            store.wait([self._key(name)], timedelta(seconds=wait_s))
-            return store.get(self._key(name)).decode()
-        except Exception:  # noqa: BLE001
-            return None
+            except Exception:  # noqa: BLE001
+                return None
+        return self.read(name, wait_s)  # (polled: a late rank 0 is no c10d timeout warning)
 
     # -- listening for the culprit while training runs ------------------------------------
 

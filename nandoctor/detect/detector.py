@@ -336,9 +336,8 @@ class Detector(Observer):
             if finite:
                 return
             record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
-        if record.intended or self.locator.tests_finiteness(self.locator.user_frame()):
-            return  # (a -inf mask or an allowed line's value may be printed)
-        self.stop(record, StopReason.READ_BACK)
+        if not record.intended and not self.locator.tests_finiteness(self.locator.user_frame()):
+            self.stop(record, StopReason.READ_BACK)  # (a -inf mask or an allowed line's value may be printed)
 
     def defer(self, func, args, out: torch.Tensor, node, created_seq) -> None:
         """Queue a device-side flag for `out`: no sync now, read at the next boundary."""
@@ -870,4 +869,3 @@ def _same_error(error: BaseException, refused: BaseException) -> bool:
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
-

@@ -11,8 +11,8 @@ mode: step boundaries only, see watch.py); the session picks one per run mode.
 from __future__ import annotations
 
 import linecache
-import types
 import re
+import types
 from typing import Any, Callable
 
 from nandoctor.detect.amp import ScalerTracker

@@ -74,11 +74,10 @@ class TrainingState:
         """The phase of an op. Before training (a batch drawn, a backward run, or, once an
         optimizer exists, a module run or a loop that trains entered: a Trainer that builds
         its optimizer in `__init__` and prepares its data after, before any loop, is still
-        preparing data), an op inside a module's forward
-        or one that builds an autograd graph is forward; one that sets up the model —
-        inside a module's `__init__`, touching a parameter, loading a state dict
-        (`building()`) — is init; anything else prepares data (normalising a dataset up
-        front, building targets)."""
+        preparing data), an op inside a module's forward or one that builds an autograd
+        graph is forward; one that sets up the model — inside a module's `__init__`,
+        touching a parameter, loading a state dict (`building()`) — is init; anything else
+        prepares data (normalising a dataset up front, building targets)."""
         if node is not None:
             return "backward"
         if self.in_optimizer:
@@ -87,8 +86,8 @@ class TrainingState:
             return "init"  # load_state_dict sets the model up, also when a run resumes mid-script
         if self.data_depth or (module is None and not _builds_graph(args) and preparing_data()):
             return "data"  # (a Dataset built mid-run, after the optimizer, prepares data too)
-        started = self.training_started or (self.optimizer_seen and (model_ran() or in_training_loop()))
-        if not started and module is None and not self.transform_depth and not _builds_graph(args):
+        if module is None and not self.transform_depth and not _builds_graph(args) and not (
+                self.training_started or (self.optimizer_seen and (model_ran() or in_training_loop()))):
             return "init" if _touches_parameter(args) or building() else "data"
         return "forward"
 
