@@ -9,6 +9,7 @@ renders a report for each output of a command in turn. Adding a format is one mo
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,18 +72,45 @@ class AtomicFile:
             raise UsageError(f"cannot write report to {self.path}: it is a folder")
 
     def write(self, text: str) -> None:
-        tmp = None
+        """Through the path, as `open(path, "w")` writes: a symlink's target is replaced (the
+        link stays), and what is not a file of its own — a device (`/dev/null`), a FIFO, a
+        file with other hard links — is written in place, never replaced by a new file."""
+        target = Path(os.path.realpath(self.path))
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
-                handle.write(text)
-            os.chmod(tmp, 0o666 & ~_umask())  # as open() would make it; mkstemp makes it private
-            os.replace(tmp, self.path)
+            st = os.stat(target)
+        except OSError:
+            st = None
+        try:
+            if st is not None and (not stat.S_ISREG(st.st_mode) or st.st_nlink > 1):
+                _write_in_place(target, text, fifo=stat.S_ISFIFO(st.st_mode))
+            else:
+                _replace(target, text)
         except OSError as exc:
             raise UsageError(f"cannot write report to {self.path}: {exc.strerror or exc}") from None
-        finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write a temporary file beside `path`, then rename it over `path` (one step)."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # as open() would make it; mkstemp makes it private
+        os.replace(tmp, path)
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _write_in_place(path: Path, text: str, fifo: bool) -> None:
+    """A FIFO is opened without waiting: with no reader at its other end that is an error
+    now (ENXIO), not a run that never ends."""
+    fd = os.open(path, os.O_WRONLY | (os.O_NONBLOCK if fifo else os.O_TRUNC))
+    if fifo:
+        os.set_blocking(fd, True)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
+        handle.write(text)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 
 import pytest
 
@@ -60,6 +61,48 @@ def test_a_report_file_is_replaced_whole(tmp_path):
 
     assert path.read_text() == "new report\n"
     assert os.listdir(tmp_path) == ["report.json"]
+
+
+def test_a_report_path_that_is_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a.json").write_text("old\n")
+    (tmp_path / "latest.json").symlink_to("runs/a.json")
+
+    AtomicFile(tmp_path / "latest.json").write("new\n")
+
+    assert (tmp_path / "latest.json").is_symlink()
+    assert (tmp_path / "runs" / "a.json").read_text() == "new\n"
+
+
+def test_a_report_path_with_another_hard_link_is_written_in_place(tmp_path):
+    (tmp_path / "report.json").write_text("old\n")
+    os.link(tmp_path / "report.json", tmp_path / "other.json")
+
+    AtomicFile(tmp_path / "report.json").write("new\n")
+
+    assert (tmp_path / "other.json").read_text() == "new\n"
+
+
+def test_a_fifo_with_a_reader_gets_the_report_and_stays_a_fifo(tmp_path):
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # (`nandoctor run --json fifo` | a reader)
+    try:
+        AtomicFile(fifo).write("report\n")
+        got = os.read(reader, 100)
+    finally:
+        os.close(reader)
+
+    assert got == b"report\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_near_miss_a_fifo_nobody_reads_is_a_usage_error_not_a_hang(tmp_path):
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+
+    with pytest.raises(UsageError, match="cannot write report"):
+        AtomicFile(fifo).write("report\n")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
 def test_a_report_file_gets_the_usual_permissions_not_the_temp_files(tmp_path):
