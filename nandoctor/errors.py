@@ -28,3 +28,12 @@ class UsageError(NandoctorError):
 
 class ConfigError(UsageError):
     """A --config file that cannot be read or does not fit the schema."""
+
+
+def error_message(error: BaseException) -> str:
+    """`str(error)` of the script's exception, or what Python prints when the exception's
+    own `__str__` raises."""
+    try:
+        return str(error)
+    except Exception:  # noqa: BLE001 - any error of the script's own __str__
+        return "<exception str() failed>"

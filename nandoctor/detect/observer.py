@@ -18,6 +18,7 @@ from typing import Any, Callable
 from nandoctor.detect.amp import ScalerTracker
 from nandoctor.detect.result import Detection, Discarded, History, WatchFinding
 from nandoctor.detect.state import TrainingState
+from nandoctor.errors import error_message
 
 
 class NonFiniteFound(BaseException):
@@ -223,7 +224,7 @@ _REFUSES_VALUES = re.compile(r"between -?[\d.]+ and -?[\d.]+|out of (the )?range
 
 def refuses_values(error: BaseException) -> bool:
     """Is `error` an op's refusal of its input values (which a NaN or Inf fails)?"""
-    return isinstance(error, RuntimeError) and bool(_REFUSES_VALUES.search(str(error)))
+    return isinstance(error, RuntimeError) and bool(_REFUSES_VALUES.search(error_message(error)))
 
 
 def raised_at(error: BaseException) -> tuple[types.CodeType, int] | None:
@@ -238,7 +239,7 @@ def raised_at(error: BaseException) -> tuple[types.CodeType, int] | None:
 def speaks_of_nonfinite(error: BaseException) -> bool:
     """Does the error's message, or the line that raised it, speak of NaN/Inf?
     (`RuntimeError: loss is nan`, a bare `assert torch.isfinite(loss)`.)"""
-    if _NONFINITE_WORDS.search(str(error)):
+    if _NONFINITE_WORDS.search(error_message(error)):
         return True
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:

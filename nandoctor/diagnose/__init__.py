@@ -13,7 +13,7 @@ from nandoctor.diagnose import rules as _rules  # noqa: F401  (registers every r
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence
 from nandoctor.diagnose.registry import context_rules, fallback_rules, rule_for
-from nandoctor.errors import ExitCode
+from nandoctor.errors import ExitCode, error_message
 from nandoctor.report.model import Cause, RunReport
 
 
@@ -32,7 +32,7 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
                            **common)
         report.cause = diagnose(Evidence.of(detection, history, step))
         if error is not None:  # (the script raised over the value: say what it raised)
-            report.error = {"type": type(error).__name__, "message": str(error)}
+            report.error = {"type": type(error).__name__, "message": error_message(error)}
             report.notes.append(words.refused(detection.refused_by, error) if detection.reason is StopReason.OP_REFUSED
                                 else words.raised_over(error))
         if detection.flagged_suspects:
@@ -41,7 +41,7 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
         return report
     if error is not None:
         return RunReport(status="script_error", exit_code=exit_code,
-                         error={"type": type(error).__name__, "message": str(error)}, **common)
+                         error={"type": type(error).__name__, "message": error_message(error)}, **common)
     report = RunReport(status="clean", exit_code=exit_code, **common)
     report.notes += words.discarded_notes(report.discarded)
     if amp is not None and amp.skipped:

@@ -3,6 +3,7 @@ an intended Inf was written. Used by the rules and by the report's stop reason."
 from __future__ import annotations
 
 from nandoctor.detect.result import CtcItem, Discarded, ParameterRef, Site, SiteFacts, StopReason
+from nandoctor.errors import error_message
 from nandoctor.report.text import DISCARDED_LISTED, plural, times
 
 
@@ -111,7 +112,7 @@ def _discarded_site(d: Discarded) -> str:
 
 
 def refused(op: str | None, error: BaseException) -> str:
-    message = next(iter(str(error).strip().splitlines()), "")
+    message = next(iter(error_message(error).strip().splitlines()), "")
     return (f"`{op or 'an op'}` raised {type(error).__name__}" + (f" ({message})" if message else "")
             + " over this value: a NaN fails every range check (an Inf every bound), so the error comes from the "
             "non-finite value. Plain python dies of the same error without saying where the value came from.")
@@ -120,6 +121,6 @@ def refused(op: str | None, error: BaseException) -> str:
 def raised_over(error: BaseException) -> str:
     if isinstance(error, SystemExit):
         return f"the script stopped itself: it exited with status {error.code!r} over this value."
-    message = str(error).strip()
+    message = error_message(error).strip()
     return (f"the script stopped itself: it raised {type(error).__name__}"
             + (f" ({message})" if message else "") + " over this value.")

@@ -94,6 +94,15 @@ def test_a_script_that_raises_exits_1_with_status_script_error(tmp_path, script)
     assert result.report["status"] == "script_error"
 
 
+def test_an_exception_whose_message_cannot_be_made_is_reported_as_python_prints_it(tmp_path, script):
+    script("train.py", "class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no message')\n"
+                       "raise Odd()\n")
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 1 and "Odd: <exception str() failed>" in result.stderr
+    assert "nandoctor/" not in result.stderr  # the script's traceback only
+    assert result.report["error"] == {"type": "Odd", "message": "<exception str() failed>"}
+
+
 GUARDED = """\
 import torch
 
