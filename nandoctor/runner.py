@@ -92,16 +92,27 @@ class ScriptRunner:
             source = path.read_bytes()
         except OSError as exc:
             raise UsageError(f"can't read '{self.target}': {exc.strerror}") from None
-        abs_file = os.path.abspath(path)
+        # As python names it: joined to the working directory, not normalised (`lnk/../s.py`
+        # through a symlinked folder is not `s.py`).
+        directory_app = os.path.isdir(self.target)
+        given = os.path.join(self.target, "__main__.py") if directory_app else self.target
+        abs_file = os.path.join(os.getcwd(), given)
         try:
             self.code = self._compile(source, abs_file)
         except SyntaxError as exc:  # the user's error: run() ends with it, as python would
             self.failure = _without_traceback(exc)
-        self.main_module = self._new_main(abs_file, spec=None, loader=_script_loader(abs_file))
+        loader = _script_loader(abs_file)
+        # A directory runs as python runs it: its __main__ has a spec, the directory as given
+        # comes first on sys.path.
+        spec = importlib.util.spec_from_file_location("__main__", abs_file, loader=loader) if directory_app else None
+        self.main_module = self._new_main(abs_file, spec=spec, loader=loader)
+        if directory_app:
+            self.main_module.__package__ = spec.parent
         self._argv0 = self.target
         # CPython puts the script's real directory first (a symlinked script imports from
         # the folder it really lives in).
-        self._path0 = os.path.dirname(os.path.realpath(abs_file))
+        self._path0 = os.path.join(os.getcwd(), self.target) if directory_app else \
+            os.path.dirname(os.path.realpath(abs_file))
 
     def _prepare_module(self) -> None:
         # As with `python -m`, the current directory comes first while looking the module up.

@@ -48,6 +48,20 @@ def test_script_sees_the_same_argv_name_file_and_path_as_under_python(tmp_path, 
     assert "'--json', 'x.json'" in plain and not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize("target", [
+    "./sub/../sub/probe.py",  # named as given: python does not normalise `..` (a symlinked folder)
+    "sub",  # a directory with a __main__.py: its spec, and the directory first on sys.path
+    "./sub/",
+])
+def test_a_script_named_in_other_ways_sees_what_python_shows_it(tmp_path, script, target):
+    script("sub/probe.py", PROBE)
+    script("sub/__main__.py", PROBE)
+    plain = _python([target], tmp_path)
+    wrapped = run_nandoctor(["run", target], tmp_path, json_name=None)
+    assert wrapped.code == 0
+    assert _probe_lines(wrapped.stdout) == plain.splitlines()
+
+
 def test_module_run_matches_python_dash_m(tmp_path, script):
     script("pkg/__init__.py", "")
     script("pkg/probe.py", PROBE)
