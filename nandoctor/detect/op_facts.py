@@ -79,6 +79,24 @@ def nll_loss_facts(log_probs, target, weight=None, reduction=1, ignore_index=-10
     return {"ignore_index": int(ignore_index), "counted_targets": int(counted.sum())}
 
 
+@collects("mean")
+def mean_facts(x, dim=None, *rest, **kwargs) -> dict[str, Any]:
+    """How many values each mean averages over: none (a selection that picked nothing) is 0/0."""
+    if not isinstance(dim, (int, list, tuple)) or not dim:  # mean.default(self, dtype), or every dim
+        dim = None
+    return {"reduced_count": _count_over(x, dim)}
+
+
+def _count_over(x, dim) -> int:
+    """How many values a reduction of `x` over `dim` (None: all of them) takes for each output."""
+    if dim is None:
+        return x.numel()
+    count = 1
+    for d in [dim] if isinstance(dim, int) else dim:
+        count *= x.shape[d] if x.dim() else 1
+    return int(count)
+
+
 @collects("std", "var", "std_mean", "var_mean")
 def spread_facts(x, dim=None, *rest, correction=None, unbiased=None, **kwargs) -> dict[str, Any]:
     """How many values each std/var reduces over, and the correction taken from that count:
@@ -89,9 +107,5 @@ def spread_facts(x, dim=None, *rest, correction=None, unbiased=None, **kwargs) -
         unbiased = rest[0]
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
-    dims = range(x.dim()) if dim is None else ([dim] if isinstance(dim, int) else dim)
-    count = 1
-    for d in dims:
-        count *= x.shape[d] if x.dim() else 1
-    return {"reduced_count": int(count), "correction": float(correction)}
+    return {"reduced_count": _count_over(x, dim), "correction": float(correction)}
 

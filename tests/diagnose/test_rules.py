@@ -674,6 +674,21 @@ class TestContext:
         logits = torch.randn(4, 5, requires_grad=True)
         assert stays_clean(lambda: F.cross_entropy(logits, torch.tensor([-100, -100, 3, -100])).backward())
 
+    @pytest.mark.parametrize("mean", [
+        lambda ce, labels: ce[labels == 4].mean(),  # a class absent from the batch
+        lambda ce, labels: ce[labels == 4].mean(dim=0),
+        lambda ce, labels: torch.stack([ce[labels == c].mean() for c in range(5)]).mean(),
+    ])
+    def test_a_mean_over_an_empty_selection_is_zero_over_zero(self, mean):
+        ce = torch.rand(6, requires_grad=True)
+        labels = torch.tensor([0, 1, 2, 3, 0, 1])
+        cause = cause_of(lambda: mean(ce, labels).backward())
+        assert cause.id == "div_by_zero" and "empty selection" in cause.title and "mask.any()" in cause.fix
+
+    def test_near_miss_a_mean_over_a_selection_that_picked_something_is_clean(self):
+        ce = torch.rand(6, requires_grad=True)
+        assert stays_clean(lambda: ce[torch.tensor([0, 1, 2, 3, 4, 1]) == 4].mean().backward())
+
     @pytest.mark.parametrize("spread", [
         lambda h: h.std(0),
         lambda h: torch.var(h, dim=0),

@@ -227,6 +227,22 @@ def mean_over_no_targets(ev: Evidence) -> Cause | None:
     )
 
 
+@op_rule("mean")
+def mean_of_nothing(ev: Evidence) -> Cause | None:
+    """A mean over no values is 0/0: a boolean selection that picked nothing."""
+    if ev.facts.reduced_count != 0:
+        return None
+    return Cause(
+        "div_by_zero",
+        "mean over zero values: an empty selection",
+        f"At {ev.where} ({ev.code}) `mean` averages over 0 values, which is 0/0 = NaN. Typical of a boolean "
+        "selection that picked nothing: `x[labels == c].mean()` for a class absent from the batch, a mask with "
+        "no True entry, an empty batch.",
+        "Skip empty selections (`if mask.any():`), or sum and divide by the count kept at least 1: "
+        "`x[mask].sum() / mask.sum().clamp(min=1)`.",
+    )
+
+
 @op_rule("std", "var", "std_mean", "var_mean")
 def spread_of_too_few_values(ev: Evidence) -> Cause | None:
     """std/var divide the squared deviations by N - correction: with Bessel's correction a
