@@ -12,10 +12,14 @@ healthy run skips a few steps, mostly at the start. So, for a backward from a sc
   (a float16 overflow in forward the data always causes, a `log(0)`): training has stopped;
 - gradients that are non-finite when backward returns are the scaler's to check, not a stop;
 - a step the scaler skips is counted, and when it skips at a scale of 1 or less the
-  gradients are non-finite even unscaled: no loss scale can fix that (`amp_scale_collapse`).
+  gradients are non-finite even unscaled: no loss scale can fix that (`amp_scale_collapse`);
+- a value the script computes from a scaled backward's gradients (the gradient norm it
+  logs, `clip_grad_norm_`'s result printed) is as much the scaler's: reading it back is
+  not a stop, since the step it belongs to is skipped.
 """
 from __future__ import annotations
 
+import collections
 import weakref
 
 import torch
@@ -26,6 +30,10 @@ from nandoctor.detect.result import AmpScaling
 COLLAPSED_SCALE = 1.0
 # Scaled backwards in a row whose loss is non-finite before the run stops.
 LOSSES_IN_A_ROW = 3
+# The latest scaled backwards whose values `from_scaled_gradients` recognises.
+WINDOWS_KEPT = 16
+# Records walked up a value's lineage to find a gradient of a scaled backward.
+LINEAGE_WALKED = 256
 
 
 class ScalerTracker:
@@ -38,6 +46,31 @@ class ScalerTracker:
         self.skipped_in_a_row = 0
         self.scaler_steps = 0  # scaler.step() calls
         self.nonfinite_losses_in_a_row = 0
+        # [first, end) record orders from each scaled backward to the next backward
+        self._windows: collections.deque[list] = collections.deque(maxlen=WINDOWS_KEPT)
+
+    def backward_began(self, mark: int, scaled: bool) -> None:
+        """A backward began at record order `mark`, from a scaled loss or not."""
+        if self._windows and self._windows[-1][1] is None:
+            self._windows[-1][1] = mark
+        if scaled:
+            self._windows.append([mark, None])
+
+    def from_scaled_gradients(self, record) -> bool:
+        """Was `record` computed from what a scaled backward made (a gradient, or a norm of
+        the gradients the script logs)?"""
+        if not self._windows:
+            return False
+        todo, walked = [record], 0
+        while todo and walked < LINEAGE_WALKED:
+            r, walked = todo.pop(), walked + 1
+            if r.phase == "backward" and self._in_a_window(r.order):
+                return True
+            todo.extend(r.parents)
+        return False
+
+    def _in_a_window(self, order: int) -> bool:
+        return any(first < order and (end is None or order < end) for first, end in self._windows)
 
     def scaled(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
         """scaler.scale(loss) returned `scaled`."""

@@ -55,10 +55,30 @@ from nandoctor.detect.saved import SavedValues
 _RUNNING: "weakref.WeakSet[Detector]" = weakref.WeakSet()
 _pop_mode = torch._C._pop_torch_dispatch_stack
 _push_mode = torch._C._push_on_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 
 # Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
                       StopReason.GRADIENT_RETURNED, StopReason.READ_BACK)
+
+
+def _a_metric(t: torch.Tensor, record: Record) -> bool:
+    """Is `t`, read back, a value that trains nothing (see `_born_as_a_metric`)? The loss
+    requires grad: read, it still stops the run."""
+    return not t.requires_grad and _born_as_a_metric(record)
+
+
+def _born_as_a_metric(record: Record) -> bool:
+    """Was `record`'s value born outside the model, without autograd, once training
+    began? A validation metric logged as NaN (the precision of a class never predicted, a
+    correlation over a constant batch, a MAPE over a zero target), a best-so-far ratio:
+    read back, or kept in a metric's state that nothing trains, it is listed as made, not
+    a stop, as in watch mode. A NaN the model itself made (a module's op), and data that
+    arrived bad, still stop the run there."""
+    root = birth_of(record)
+    return (root.phase == "forward" and root.module is None and root.node_seq is None
+            and not root.facts.entered and not root.facts.untracked_input)
 
 
 @contextlib.contextmanager
@@ -284,16 +304,28 @@ class Detector(Observer):
     class _Internal:
         def __init__(self, detector: "Detector") -> None:
             self.detector = detector
+            self.outermost = False
 
         def __enter__(self):
-            self.was = self.detector.passive
-            self.detector.passive = True
+            d = self.detector
+            self.was = d.passive
+            d.passive = True
+            if d.state.script_grad is None:  # (the outermost: nested ones find grad off)
+                d.state.script_grad = _grad_enabled()
+                self.outermost = True
+                _set_grad_enabled(False)
 
         def __exit__(self, *exc):
-            self.detector.passive = self.was
+            d = self.detector
+            if self.outermost:
+                _set_grad_enabled(d.state.script_grad)
+                d.state.script_grad = None
+            d.passive = self.was
 
     def internal(self) -> "_Internal":
-        """Run nandoctor's own tensor ops without checking them."""
+        """Run nandoctor's own tensor ops without checking them, and without autograd: a
+        check of a tensor that requires grad (`isfinite` is `abs` underneath) would add to
+        the script's graph what it saves, which non-reentrant checkpointing counts."""
         return Detector._Internal(self)
 
     # -- called by the hot path (mode.py), on the rare path or for deferred ops ----------
@@ -309,14 +341,16 @@ class Detector(Observer):
                     self.records.forget(out)
                 return
             # (Also with no records yet: an input may be a sentinel loaded from a checkpoint.)
-            carried = self.recorder.passed_on_intended(args, kwargs, out) if not intended else None
+            carried = self.recorder.passed_on_intended(func, args, kwargs, out) if not intended else None
             if carried is not None:
                 self.records.put(out, carried)  # the mask, passed on: no birth
                 return
             record = self.recorder.op(func, args, kwargs, out, node, created_seq, intended, before)
         self.records.put(out, record)
+        written = record.facts.parameter if record.facts.writes_parameter else None
+        writes_parameter = written is not None and (written.trained or not _born_as_a_metric(record))
         reason = op_verdict(record.phase, record.has_nan, bool(record.output.posinf or record.output.neginf), out.dtype,
-                            accepted=record.intended, writes_parameter=record.facts.writes_parameter,
+                            accepted=record.intended, writes_parameter=writes_parameter,
                             stop_inf_dtypes=self.stop_inf_dtypes)
         if reason is not None:
             self.stop(record, reason)
@@ -336,7 +370,8 @@ class Detector(Observer):
             if finite:
                 return
             record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
-        if not record.intended and not self.locator.tests_finiteness(self.locator.user_frame()):
+        if not record.intended and not self.locator.tests_finiteness(self.locator.user_frame()) \
+                and not self.amp.from_scaled_gradients(record) and not _a_metric(t, record):
             self.stop(record, StopReason.READ_BACK)  # (a -inf mask or an allowed line's value may be printed)
 
     def defer(self, func, args, out: torch.Tensor, node, created_seq) -> None:
@@ -492,6 +527,7 @@ class Detector(Observer):
         with self.internal():
             self._backward_mark = self.boundaries.loss(roots, self.amp if self._scaled_backward else None,
                                                        keep=self._checked_at_the_step)
+            self.amp.backward_began(self._backward_mark, self._scaled_backward)
             if by_node:
                 self.nodes.arm()
         return self._backward_mark

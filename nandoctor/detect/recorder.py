@@ -16,7 +16,7 @@ import torch
 
 from nandoctor.detect.mode import all_finite
 from nandoctor.detect.op_facts import collect_op_facts
-from nandoctor.detect.ops import is_inplace, op_name
+from nandoctor.detect.ops import base_name, is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.records import Record, RecordTable, storage_key, tensors_of
 from nandoctor.detect.allow import Allowances
@@ -59,6 +59,11 @@ class Recorder:
         tensors = [(name, v) for name, v in named if isinstance(v, torch.Tensor)]
         overwritten = _overwritten_name(func, tensors, out)
         parents, facts = self._parents(tensors, overwritten, before)
+        if parents and all(p.intended for p in parents) and base_name(func) == "copy_" \
+                and not _a_mask_being_built(args[0]):
+            # An infinity written into data (`X[7, 3] = float("inf")` in a table of values):
+            # data that holds an Inf from outside torch, not a sentinel passed on.
+            parents, facts.untracked_input = [], True
         if intended and any(not p.intended for p in parents) and _accidents_survive_the_fill(args, kwargs, out):
             intended = False  # the -inf went on purpose into values made by accident, which it left in place
         facts.written_on_purpose = intended
@@ -87,7 +92,7 @@ class Recorder:
         output = summarize(out, "output")
         phase = self.phase(node, args)
         facts.own_optimizer = phase == "optimizer" and self.locator.in_own_optimizer()
-        if phase == "forward" and module is None and _updates_weight_by_hand(func, args):
+        if phase == "forward" and module is None and _updates_weight_by_hand(func, args, self.state.grad_enabled()):
             phase, facts.own_optimizer = "optimizer", True
         record = Record(
             op=op_name(func), phase=phase, where=where, module=module,
@@ -132,7 +137,7 @@ class Recorder:
                     and not all_finite(g):
                 self.records.put(g, self.latest_backward)
 
-    def passed_on_intended(self, args, kwargs, out: torch.Tensor) -> Record | None:
+    def passed_on_intended(self, func, args, kwargs, out: torch.Tensor) -> Record | None:
         """The record of a value written on purpose (a -inf mask, `written_on_purpose`) that
         this op only passed on, or None when the op may have made something of its own.
 
@@ -143,9 +148,18 @@ class Recorder:
         view would, and costs one reduction instead of a record's exact statistics (every
         step of a model with a causal mask). A NaN (an all -inf row through softmax,
         `-inf - (-inf)`) or a non-finite input with no record is a birth, recorded. (Should
-        the mask itself reach the loss, the report's root is where it was written.)"""
+        the mask itself reach the loss, the report's root is where it was written.)
+        `c[i, j] = float("-inf")` into a `torch.zeros` matrix, a constraint matrix written
+        entry by entry, is a `copy_` of a one-infinity sentinel into a mask being built: it
+        passes the sentinel on. The same write into data (`X[7, 3] = inf` in a random or
+        loaded table) makes data that holds an Inf."""
         source = None
-        for t in tensors_of((*args, *kwargs.values())):
+        passed = args
+        if base_name(func) == "copy_":
+            if not _a_mask_being_built(args[0]):
+                return None
+            passed = args[1:]  # (copy_ overwrites `self`: only what it copies is passed on)
+        for t in tensors_of((*passed, *kwargs.values())):
             record = self.records.get(t)
             if record is None:
                 if not (t.is_floating_point() or t.is_complex()) or all_finite(t):
@@ -393,6 +407,20 @@ def _mark_births(record: Record, fact: str) -> None:
         stack.extend(parents)
 
 
+# A tensor larger than this is data, not a mask written entry by entry.
+_MASK_BUILT_BY_HAND = 1 << 16
+
+
+def _a_mask_being_built(dest: torch.Tensor) -> bool:
+    """Is `dest` (a view just written) part of a tensor whose finite values are all one
+    constant, the zeros or ones it was made of: a mask or bounds being written by hand?"""
+    whole = dest._base if dest._base is not None else dest
+    if not whole.is_floating_point() or whole.numel() > _MASK_BUILT_BY_HAND:
+        return False
+    finite = whole[torch.isfinite(whole)]
+    return finite.numel() == 0 or bool((finite == finite[0]).all())
+
+
 def _selects_by_mask(args) -> bool:
     """Does the op select elements by a boolean mask (`x[mask]`, `masked_select`)?"""
     return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in tensors_of(args))
@@ -473,12 +501,12 @@ def _one_infinity_only(summary: TensorSummary) -> bool:
     return summary.nan == 0 and summary.numel > 0 and summary.numel in (summary.posinf, summary.neginf)
 
 
-def _updates_weight_by_hand(func, args) -> bool:
+def _updates_weight_by_hand(func, args, grad_enabled: bool) -> bool:
     """Is this in-place op, run outside any module with grad mode off, writing a trained
     weight (a leaf that requires grad)? That is an update step the script wrote itself
     (`w -= lr * w.grad`, SAM's perturbation, WGAN's weight clipping): its optimizer phase,
     though no `optimizer.step()` runs it."""
-    if torch.is_grad_enabled() or not args or not isinstance(args[0], torch.Tensor):
+    if grad_enabled or not args or not isinstance(args[0], torch.Tensor):
         return False
     written = func._schema.arguments[0].alias_info
     weight = args[0]

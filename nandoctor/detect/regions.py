@@ -77,6 +77,10 @@ _IDEMPOTENT_INPLACE = (nn.ReLU, nn.ReLU6, nn.Hardtanh)
 _PLAIN = (torch.Tensor, nn.Parameter)
 
 
+def _kept_as_is(t):
+    return t
+
+
 def _others_hook_every_module() -> bool:
     """Has someone besides nandoctor (two hooks of each kind: the module tracker's and
     these) hooked every module? Their code would run inside regions, unchecked."""
@@ -325,7 +329,11 @@ class ModuleRegions:
         self._replaying += 1
         again = None
         try:
-            again = call()
+            # What the replay saves for its own backward (never run) stays its own: under
+            # non-reentrant checkpointing, the checkpoint's hooks would count it as saved by
+            # the real forward, and its recomputation would not match that count.
+            with torch.autograd.graph.saved_tensors_hooks(_kept_as_is, _kept_as_is):
+                again = call()
         except Exception:  # noqa: BLE001 - it does not run twice: its outputs are recorded as they are
             pass
         finally:

@@ -54,6 +54,12 @@ class TrainingState:
         self.transform_depth = 0  # > 0 inside a function torch.func differentiates or maps
         self.backwards_without_optimizer = 0  # backward() calls while no optimizer exists
         self._entries_without_step = 0
+        self.script_grad: bool | None = None  # the script's grad mode while nandoctor's own ops run
+
+    def grad_enabled(self) -> bool:
+        """The script's grad mode (nandoctor's own work runs with it off: see
+        `Detector.internal`)."""
+        return torch.is_grad_enabled() if self.script_grad is None else self.script_grad
 
     @property
     def step_or_none(self) -> int | None:
@@ -84,9 +90,10 @@ class TrainingState:
             return "optimizer"
         if loading:
             return "init"  # load_state_dict sets the model up, also when a run resumes mid-script
-        if self.data_depth or (module is None and not _builds_graph(args) and preparing_data()):
+        builds_graph = _builds_graph(args, self.grad_enabled())
+        if self.data_depth or (module is None and not builds_graph and preparing_data()):
             return "data"  # (a Dataset built mid-run, after the optimizer, prepares data too)
-        if module is None and not self.transform_depth and not _builds_graph(args) and not (
+        if module is None and not self.transform_depth and not builds_graph and not (
                 self.training_started or (self.optimizer_seen and (model_ran() or in_training_loop()))):
             return "init" if _touches_parameter(args) or building() else "data"
         return "forward"
@@ -126,7 +133,7 @@ def _touches_parameter(args) -> bool:
                for a in args)
 
 
-def _builds_graph(args) -> bool:
-    if not torch.is_grad_enabled():
+def _builds_graph(args, grad_enabled: bool) -> bool:
+    if not grad_enabled:
         return False
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)

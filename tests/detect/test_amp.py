@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import detect
+from helpers import detect, read_back
 from nandoctor.config import load_config
 from nandoctor.detect.observer import NonFiniteFound
 from nandoctor.detect.result import StopReason
 from nandoctor.detect.watch import StepWatcher
 
 
-def _amp_training(extra_loss=None, steps: int = 40, init_scale: float = 2.0 ** 30):
+def _amp_training(extra_loss=None, steps: int = 40, init_scale: float = 2.0 ** 30, log_grad_norm: bool = False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -26,8 +26,14 @@ def _amp_training(extra_loss=None, steps: int = 40, init_scale: float = 2.0 ** 3
                 loss = loss + extra_loss(out)
         opt.zero_grad()
         scaler.scale(loss).backward()
+        if log_grad_norm:  # the AMP recipe for clipping: unscale, clip, log the norm
+            scaler.unscale_(opt)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=False)
+            read_back(norm)
         scaler.step(opt)
         scaler.update()
+        if log_grad_norm:
+            read_back(norm)  # (printed after the step it belongs to was skipped)
     return model
 
 
@@ -49,6 +55,18 @@ def test_steps_the_scaler_skips_while_it_finds_its_scale_are_not_a_finding():
     assert amp.skipped > 5 and amp.scaler_steps == 40
     assert found.detector.state.step == 40 - amp.skipped  # a skipped step is not an optimizer step
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), _amp_training().parameters()))
+
+
+def test_a_gradient_norm_the_script_logs_on_a_step_the_scaler_skips_is_not_a_finding():
+    plain = _amp_training(log_grad_norm=True)
+    found = detect(lambda: _amp_training(log_grad_norm=True))
+    assert not found.stopped and found.detector.amp.skipped > 5
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), _amp_training(log_grad_norm=True).parameters()))
+
+
+def test_near_miss_a_logged_gradient_norm_does_not_hide_a_scale_that_collapses():
+    found = detect(lambda: _amp_training(_sqrt_of_zero, log_grad_norm=True))
+    assert found.stopped and found.detection.reason is StopReason.AMP_SCALE_COLLAPSE
 
 
 def test_watch_mode_lets_the_scaler_skip_steps_too():

@@ -258,6 +258,74 @@ class TestNoFalseAlarms:
         assert not detect(lambda: big * 1.0).stopped
 
 
+class TestMetricsTheScriptPrints:
+    """A value computed without autograd, outside the model, once training began — a
+    validation metric, a best-so-far ratio — trains nothing: printed or logged non-finite,
+    it is listed as made, not a stop (as in watch mode). The model's own NaN, and the loss,
+    still stop the run when read."""
+
+    @staticmethod
+    def _train_then_evaluate(metric, model=None):
+        model = model or torch.nn.Linear(3, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 3), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+
+        def run():
+            for _ in range(2):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            with torch.no_grad():
+                read_back(metric(model(x), y))
+
+        return detect(run)
+
+    @staticmethod
+    def _per_class_precision(logits, y):
+        pred = logits.argmax(1)
+        tp = torch.stack([((pred == c) & (y == c)).sum() for c in range(4)]).float()
+        predicted = torch.stack([(pred == c).sum() for c in range(4)]).float()
+        return tp / predicted  # class 3 is never predicted: 0/0
+
+    def test_a_validation_metric_of_zero_over_zero_printed_is_no_stop(self):
+        result = self._train_then_evaluate(self._per_class_precision)
+        assert not result.stopped
+        assert [d.op for d in result.detector.recorder.discarded()] == ["aten.div.Tensor"]
+
+    def test_near_miss_the_models_own_nan_in_evaluation_still_stops(self):
+        class LogHead(torch.nn.Module):
+            def forward(self, x):
+                return torch.log(x - 10.0)  # negative for every input
+
+        result = self._train_then_evaluate(lambda logits, y: logits.mean(), torch.nn.Sequential(
+            torch.nn.Linear(3, 4), LogHead()))
+        assert result.stopped and result.detection.root.op == "aten.log.default"
+
+    def test_near_miss_the_loss_read_back_still_stops(self):
+        w = torch.nn.Parameter(torch.tensor([-1.0]))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def run():
+            loss = torch.log(w).sum()
+            print(f"loss {loss.item()}")
+            loss.backward()
+            opt.step()
+
+        result = detect(run)
+        assert result.stopped and result.detection.reason is StopReason.READ_BACK
+
+    def test_a_metrics_state_that_nothing_trains_may_hold_the_inf_of_a_metric(self):
+        # Keras keeps a metric's running total in a variable nothing trains.
+        total = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
+
+        def mape(logits, y):
+            with torch.no_grad():
+                total.add_((logits[:, 0] / (y * 0.0)).abs().mean())
+            return total
+
+        assert not self._train_then_evaluate(mape).stopped
+
+
 class TestBackward:
     def test_a_backward_nan_is_reported_at_the_forward_line(self):
         p = torch.nn.Parameter(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
@@ -461,8 +529,8 @@ class TestSetupPhases:
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             for _ in range(1):
                 widths = torch.tensor([0.0, 32.0]) * 1
-                read_back(torch.log(widths / 32.0))  # step 0's targets, before its forward
-                model(torch.ones(1, 2)).sum().backward()
+                targets = torch.log(widths / 32.0)  # step 0's targets, before its forward
+                (model(torch.ones(2, 2)).squeeze(1) - targets).pow(2).sum().backward()
                 opt.step()
 
         assert detect(train).detection.root.phase == "forward"
@@ -470,12 +538,14 @@ class TestSetupPhases:
     def test_near_miss_the_same_division_in_the_loop_once_the_model_ran_is_forward(self):
         def train():
             model = torch.nn.Linear(2, 1)
-            torch.optim.SGD(model.parameters(), lr=0.1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
             model(torch.ones(1, 2))  # the first step's forward
             raw = torch.ones(6, 2)
-            read_back(raw / (raw.max() - raw.min()))
+            model(raw / (raw.max() - raw.min())).sum().backward()
+            opt.step()
 
-        assert detect(train).detection.root.phase == "forward"
+        root = detect(train).detection.root
+        assert root.op == "aten.div.Tensor" and root.phase == "forward"
 
     def test_a_value_entering_torch_non_finite_in_the_loop_is_data(self):
         import numpy as np
@@ -695,11 +765,11 @@ class TestPhasesAndSteps:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
         def train():
-            for _ in range(3):
+            for penalty in (0.0, 0.0, 0.0, -1.0):
                 opt.zero_grad()
-                F.mse_loss(model(torch.ones(4, 2)), torch.zeros(4, 1)).backward()
+                loss = F.mse_loss(model(torch.ones(4, 2)), torch.zeros(4, 1))
+                (loss + torch.log(torch.tensor([1.0 + penalty])).sum()).backward()
                 opt.step()
-            read_back(torch.log(torch.tensor([-1.0])))
 
         result = detect(train)
         assert result.detector.state.step == 3
@@ -722,14 +792,15 @@ class TestPhasesAndSteps:
                 read_back(loss.detach() / torch.zeros(1))  # a metric, after backward
             opt.step()
 
-        return detect(train).detection.root
+        return detect(train)
 
     def test_work_on_a_gradient_between_backward_and_the_step_is_phase_backward(self):
-        root = self._after_backward(work_on_gradient=True)
+        root = self._after_backward(work_on_gradient=True).detection.root
         assert root.op == "aten.div_.Tensor" and root.phase == "backward" and root.backward_node is None
 
-    def test_near_miss_a_metric_computed_after_backward_is_still_forward(self):
-        assert self._after_backward(work_on_gradient=False).phase == "forward"
+    def test_near_miss_a_metric_computed_after_backward_is_still_forward_and_printed_it_trains_nothing(self):
+        result = self._after_backward(work_on_gradient=False)
+        assert not result.stopped and result.detector.recorder.latest_birth().phase == "forward"
 
     def test_the_scalar_a_gradient_normalisation_divides_by_is_backward_too(self):
         # `p.grad.mul_(1 / p.grad.norm())`: the Inf is born in the reciprocal, an op on a
@@ -768,17 +839,18 @@ class TestPhasesAndSteps:
                         read_back(e)  # a diagnostic the script prints: not an update
             opt.step()
 
-        return detect(train).detection
+        return detect(train).detector
 
     def test_a_weight_update_written_by_hand_and_what_it_computes_are_the_optimizers(self):
-        detection = self._sam_first_step(write_weight=True)
+        detection = self._sam_first_step(write_weight=True).detection
         assert [(s.op, s.phase) for s in detection.lineage] == [
             ("aten.div.Tensor", "optimizer"), ("aten.add_.Tensor", "optimizer")]
         assert detection.root.facts.own_optimizer  # the script's own code: the op's cause, not a setting
 
-    def test_near_miss_the_same_division_read_as_a_diagnostic_stays_forward(self):
-        root = self._sam_first_step(write_weight=False).root
-        assert root.op == "aten.div.Tensor" and root.phase == "forward"
+    def test_near_miss_the_same_division_read_as_a_diagnostic_stays_forward_and_trains_nothing(self):
+        detector = self._sam_first_step(write_weight=False)
+        birth = detector.recorder.latest_birth()
+        assert detector.detection is None and birth.op == "aten.div.Tensor" and birth.phase == "forward"
 
     def test_near_miss_a_weight_read_outside_a_module_under_no_grad_is_not_an_update(self):
         w = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
@@ -788,9 +860,12 @@ class TestPhasesAndSteps:
             w.sum().backward()
             opt.step()  # w = [-0.1, 0.9]
             with torch.no_grad():
-                read_back(torch.log(w))  # reads the weight, writes nothing
+                log_w = torch.log(w)  # reads the weight, writes nothing
+            (w * log_w).sum().backward()
+            opt.step()
 
-        assert detect(evaluate).detection.root.phase == "forward"
+        root = detect(evaluate).detection.root
+        assert root.op == "aten.log.default" and root.phase == "forward"
 
     @staticmethod
     def _nan_row_through_regions(drop_after: bool):

@@ -107,11 +107,15 @@ def _checkpointed(*, use_reentrant: bool):
 
 def _a_gradient_scaler_in_float16():
     model = torch.nn.Linear(4, 1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
-    with torch.autocast("cpu", dtype=torch.float16):
-        out = model(torch.ones(8, 4)).float()
-    scaler.scale(torch.sqrt(out * 0).mean()).backward()
-    model.weight.grad.sum().item()  # the gradients read back: what they hold must be explained
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0)
+    for _ in range(3):  # every step skipped: at a scale of 1 the scaler can do no more
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(torch.ones(8, 4)).float()
+        opt.zero_grad()
+        scaler.scale(torch.sqrt(out * 0).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
 
 
 # Healthy twins: non-finite values made inside backward and masked before any gradient.

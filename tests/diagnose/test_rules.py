@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import detect, read_back, run_nandoctor
-from nandoctor.detect.result import Detection, Location, Site, StopReason
+from nandoctor.detect.result import Detection, Location, Site, SiteFacts, StopReason
 from nandoctor.diagnose import build_report
 from nandoctor.stats import TensorSummary
 
@@ -904,6 +904,16 @@ def test_unknown_lists_what_was_checked():
     assert "aten.special_op.default" in cause.explanation and "self: zeros=0" in cause.explanation
 
 
+@pytest.mark.parametrize("nan, words", [(1, "made NaN"), (0, "passed the Inf on")])
+def test_inf_arithmetic_says_whether_the_op_made_nan_or_passed_the_inf_on(nan, words):
+    inf_in = TensorSummary("src", (1,), "float32", None, None, 0, 0, 1, 0, 1, 1)
+    out = TensorSummary("output", (1,), "float32", None, None, nan, 0, 1 - nan, 0, 1 - nan, 1)
+    root = Site("aten.copy_.default", "init", Location("t.py", 5, "f", "c[i] = x"), output=out, inputs=[inf_in],
+                facts=SiteFacts(inf_written_at=Location("t.py", 4, "f", "x = best")))
+    cause = cause_of_root(root)
+    assert cause.id == "inf_arithmetic" and words in cause.explanation
+
+
 class TestBackwardRulesTorchNowMasks:
     """torch 2.13 gives atan2(0, 0) and the norm of a zero vector a zero gradient, so no
     real run reaches these rules there; older releases (and other ops' formulas) do. The
@@ -973,6 +983,41 @@ class TestMaskValueUsed:
         causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
         cause = cause_of(lambda: (w + torch.zeros(4, 4).masked_fill(causal, float("-inf"))).sum().backward())
         assert cause.id == "mask_value_used"
+
+    @staticmethod
+    def _forbidden_transitions():
+        allowed = torch.zeros(3, 3)
+        allowed[0, 2] = float("-inf")  # tag 0 never goes to tag 2 (a CRF's hard constraint)
+        return allowed
+
+    def test_a_constraint_matrix_written_entry_by_entry_is_a_mask_on_a_path_that_uses_it(self):
+        w = torch.nn.Parameter(torch.randn(3, 3))
+        # a gold path through a forbidden transition
+        cause = cause_of(lambda: -(w + self._forbidden_transitions())[0, 2].backward())
+        assert cause.id == "mask_value_used" and "(a mask)" in cause.title and "best-so-far" not in cause.explanation
+
+    def test_near_miss_an_inf_written_into_a_table_of_values_is_data_not_a_mask(self):
+        w = torch.nn.Parameter(torch.randn(3))
+
+        def corrupted():
+            x = torch.randn(4, 3)
+            x[2, 1] = float("inf")  # MARK-corrupt: a bad record in the table
+            (x @ w).sum().backward()
+
+        cause = cause_of(corrupted)
+        assert cause.id == "nonfinite_input_data" and "x[2, 1]" in cause.explanation
+
+    def test_near_miss_the_constraint_matrix_under_logsumexp_is_clean(self):
+        w = torch.nn.Parameter(torch.randn(3, 3))
+        assert stays_clean(lambda: torch.logsumexp(w + self._forbidden_transitions(), dim=1).sum().backward())
+
+    def test_near_miss_the_constraint_matrix_kept_as_a_buffer_is_clean_in_the_state_dict(self):
+        def save():
+            crf = torch.nn.Module()
+            crf.register_buffer("allowed", self._forbidden_transitions())
+            return crf.state_dict()["allowed"]
+
+        assert stays_clean(save)
 
     def test_near_miss_a_mask_added_to_the_scores_before_softmax_is_clean(self):
         w = torch.nn.Parameter(torch.randn(4, 4))

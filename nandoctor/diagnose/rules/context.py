@@ -209,12 +209,14 @@ def mask_value_used(ev: Evidence) -> Cause | None:
         return None
     if not ev.facts.entered and not _writes_a_special_value(ev.code):
         return _infinite_by_definition(ev)
-    if ev.facts.entered or (ev.output is not None and ev.output.posinf and not ev.output.neginf):
+    if ev.facts.entered and not _assigns_entries(ev.code) or (ev.output is not None and ev.output.posinf
+                                                              and not ev.output.neginf):
         return _sentinel_used(ev)
     return Cause(
         "mask_value_used",
         "a -inf written on purpose (a mask) was used as a number",
-        f"At {ev.where} ({ev.code}) `{ev.op}` writes {_bad(ev.output)} on purpose, as a mask is written. A mask's "
+        f"At {ev.where} ({ev.code}) {'the line' if ev.facts.entered else f'`{ev.op}`'} writes {_bad(ev.output)} "
+        "on purpose, as a mask is written. A mask's "
         "-inf is meant to be consumed where it vanishes (softmax, max, `where`); here it reached the value the run "
         "stopped at without passing through one: a sum or mean over masked positions, or a mask added to "
         "something other than scores.",
@@ -230,6 +232,15 @@ _WRITES_SPECIAL = re.compile(r"fill|mask|inf|full|finfo|tensor\(|empty|where|sca
 
 def _writes_a_special_value(code: str) -> bool:
     return bool(_WRITES_SPECIAL.search(code or ""))
+
+
+# `allowed[i, j] = float("-inf")`: a -inf written into some entries of a tensor is a mask
+# (forbidden transitions, blocked positions), not a starting value.
+_ASSIGNS_ENTRIES = re.compile(r"\]\s*=[^=]")
+
+
+def _assigns_entries(code: str) -> bool:
+    return bool(_ASSIGNS_ENTRIES.search(code or ""))
 
 
 def _infinite_by_definition(ev: Evidence) -> Cause:

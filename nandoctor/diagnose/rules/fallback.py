@@ -142,7 +142,8 @@ def inf_arithmetic(ev: Evidence) -> Cause | None:
     return Cause(
         "inf_arithmetic",
         "arithmetic on values that were already infinite",
-        f"At {ev.where} ({ev.code}) `{ev.op}` received Inf inputs and made NaN (inf - inf, 0 * inf, inf / inf)."
+        f"At {ev.where} ({ev.code}) `{ev.op}` received Inf inputs and "
+        + ("made NaN (inf - inf, 0 * inf, inf / inf)." if ev.made_nan() else "passed the Inf on.")
         + (f" The Inf was written at {born}." if born else
            " The Inf came from outside the ops nandoctor saw." if ev.facts.untracked_input else ""),
         "Do not let the Inf exist: use a large finite sentinel (`torch.finfo(dtype).min`) instead of ±inf, "
