@@ -41,8 +41,8 @@ from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
-from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, refuses_values,
-                                      raised_at, speaks_of_nonfinite)
+from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
+                                      refuses_values, raised_at, speaks_of_nonfinite)
 from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
@@ -63,6 +63,25 @@ _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopR
                       StopReason.GRADIENT_RETURNED, StopReason.READ_BACK)
 
 
+# The numeric settings of a param group an update multiplies by.
+_SETTINGS = ("lr", "momentum", "weight_decay", "eps", "alpha", "betas", "dampening")
+
+
+def _settings_finite(optimizer) -> bool:
+    for group in optimizer.param_groups:
+        for name in _SETTINGS:
+            value = group.get(name)
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(v, float) and not math.isfinite(v) or \
+                        isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                    return False
+    return True
+
+
+# Records walked up a value's lineage to see whether any went through the model.
+_LINEAGE_WALKED = 256
+
+
 def _a_metric(t: torch.Tensor, record: Record) -> bool:
     """Is `t`, read back, a value that trains nothing (see `_born_as_a_metric`)? The loss
     requires grad: read, it still stops the run."""
@@ -74,11 +93,17 @@ def _born_as_a_metric(record: Record) -> bool:
     began? A validation metric logged as NaN (the precision of a class never predicted, a
     correlation over a constant batch, a MAPE over a zero target), a best-so-far ratio:
     read back, or kept in a metric's state that nothing trains, it is listed as made, not
-    a stop, as in watch mode. A NaN the model itself made (a module's op), and data that
+    a stop, as in watch mode. A NaN the model itself made or passed through (an op inside
+    a module: an EMA model evaluated with the NaN weights an average wrote), and data that
     arrived bad, still stop the run there."""
+    todo, walked = [record], 0
+    while todo and walked < _LINEAGE_WALKED:
+        r, walked = todo.pop(), walked + 1
+        if r.module is not None or r.node_seq is not None:
+            return False
+        todo.extend(r.parents)
     root = birth_of(record)
-    return (root.phase == "forward" and root.module is None and root.node_seq is None
-            and not root.facts.entered and not root.facts.untracked_input)
+    return root.phase == "forward" and not root.facts.entered and not root.facts.untracked_input
 
 
 @contextlib.contextmanager
@@ -373,6 +398,22 @@ class Detector(Observer):
         if not record.intended and not self.locator.tests_finiteness(self.locator.user_frame()) \
                 and not self.amp.from_scaled_gradients(record) and not _a_metric(t, record):
             self.stop(record, StopReason.READ_BACK)  # (a -inf mask or an allowed line's value may be printed)
+
+    def metric_followed(self, metric) -> None:
+        """A non-finite metric training follows changes training: a NaN never improves, so
+        ReduceLROnPlateau lowers the learning rate and EarlyStopping ends training over it
+        (a validation metric the script only printed would not have stopped the run)."""
+        if self.passive:
+            return
+        with self.internal():
+            if finite_metric(metric):
+                return
+            tensor = isinstance(metric, torch.Tensor)
+            record = self.records.get(metric) if tensor else None
+            # (A number read with .item() keeps no record: the latest value made non-finite is its.)
+            record = record or self.recorder.latest_birth() or self.recorder.bare(
+                "", metric.detach() if tensor else torch.tensor(float(metric)), self.recorder.phase(None, ()))
+        self.stop(record, StopReason.MONITORED_METRIC)
 
     def defer(self, func, args, out: torch.Tensor, node, created_seq) -> None:
         """Queue a device-side flag for `out`: no sync now, read at the next boundary."""
@@ -688,6 +729,11 @@ class Detector(Observer):
         with self.internal():
             self.boundaries.kept_losses()
             self.boundaries.before_step(optimizer)
+            if not _settings_finite(optimizer):
+                # A schedule computed in the script (`(1 - it / max_iter) ** power` past the
+                # end): the value made non-finite last is the setting's.
+                self.stop(self.recorder.latest_birth() or self.recorder.bare(
+                    "", torch.tensor(float("nan")), "optimizer"), StopReason.OPTIMIZER_SETTING)
         self.state.in_optimizer = True
 
     def clearing_gradients(self, optimizer, clear):

@@ -11,6 +11,7 @@ Each hook calls the observer (see observer.py for the protocol):
 - `torch.nn.utils.clip_grad_norm_`: the gradient norm before clipping, for the history.
 - `torch.amp.GradScaler.scale` / `.step`: which loss was scaled, and which steps the scaler
   skipped (see amp.py).
+- `ReduceLROnPlateau.step` and Lightning's `EarlyStopping`: a metric training follows.
 - `torch.compile`: each call of what it returned is a compiled region (see compiled.py).
 - inside a `torch.func` transform, backward and grad are left alone (see `in_transform`).
 - Keras 3's `BaseOptimizer.apply` (torch backend), patched when the script imports Keras:
@@ -62,9 +63,12 @@ class TrainingHooks:
         self._patch(torch.nn.utils, "clip_grad_norm_", self._wrap_clip)
         self._patch(GradScaler, "scale", self._wrap_scale)
         self._patch(GradScaler, "step", self._wrap_scaler_step)
+        self._patch(torch.optim.lr_scheduler.ReduceLROnPlateau, "step", self._wrap_plateau_step)
         imports = ImportPatches()
         self._undo.append(imports.uninstall)
         imports.when_imported("keras.src.optimizers.base_optimizer", self._patch_keras)
+        for lightning in ("lightning.pytorch", "pytorch_lightning"):
+            imports.when_imported(f"{lightning}.callbacks.early_stopping", self._patch_early_stopping)
         imports.when_imported("torch._dynamo", lambda module: hide_from_dynamo(self.runtime_code()))
         for name in _TRANSFORMS:
             self._patch(torch.func, name, self._wrap_transform)
@@ -154,6 +158,30 @@ class TrainingHooks:
             return total
 
         return clip_grad_norm_
+
+    def _wrap_plateau_step(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def step(scheduler, metrics, *args, **kwargs):
+            observer.metric_followed(metrics)
+            return original(scheduler, metrics, *args, **kwargs)
+
+        return step
+
+    def _patch_early_stopping(self, module) -> None:
+        if hasattr(module.EarlyStopping, "_evaluate_stopping_criteria"):
+            self._patch(module.EarlyStopping, "_evaluate_stopping_criteria", self._wrap_early_stopping)
+
+    def _wrap_early_stopping(self, original):
+        observer = self.observer
+
+        @functools.wraps(original)
+        def evaluate(callback, current, *args, **kwargs):
+            observer.metric_followed(current)
+            return original(callback, current, *args, **kwargs)
+
+        return evaluate
 
     def _wrap_scale(self, original):
         observer = self.observer

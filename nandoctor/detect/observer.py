@@ -11,9 +11,12 @@ mode: step boundaries only, see watch.py); the session picks one per run mode.
 from __future__ import annotations
 
 import linecache
+import math
 import re
 import types
 from typing import Any, Callable
+
+import torch
 
 from nandoctor.detect.amp import ScalerTracker
 from nandoctor.detect.result import Detection, Discarded, History, WatchFinding
@@ -167,6 +170,10 @@ class Observer:
     def value_entered(self, t, op: str) -> None:
         """A tensor entered torch from outside (numpy, a file) (only when `watches_values`)."""
 
+    def metric_followed(self, metric) -> None:
+        """Training follows `metric`: `ReduceLROnPlateau.step(metric)` sets the learning
+        rate by it, Lightning's `EarlyStopping` ends training by it."""
+
     def state_exported(self, module, state) -> None:
         """`module.state_dict()` returned `state` (its outermost call: a checkpoint, an EMA
         copy, weights to deploy): the parameters and buffers the script takes out of it."""
@@ -220,6 +227,17 @@ _NONFINITE_WORDS = re.compile(r"\b(nan|inf|infinity)\b|non-?finite|not finite|is
 # cholesky's "not positive-definite", an eigensolver that does not converge.
 _REFUSES_VALUES = re.compile(r"between -?[\d.]+ and -?[\d.]+|out of (the )?range|positive.definite|converge|"
                              r"singular|ill-conditioned|probabilit", re.IGNORECASE)
+
+
+def finite_metric(metric) -> bool:
+    """Is a monitored metric, a tensor or a number, finite? (Anything else is the
+    scheduler's to refuse.)"""
+    if isinstance(metric, torch.Tensor):
+        return not metric.is_floating_point() or metric.is_meta or bool(torch.isfinite(metric.detach()).all())
+    try:
+        return math.isfinite(float(metric))
+    except (TypeError, ValueError):
+        return True
 
 
 def refuses_values(error: BaseException) -> bool:

@@ -60,6 +60,8 @@ class StopReason(enum.Enum):
     SCRIPT_RAISED = "script_raised"  # the script raised over a non-finite value it checked itself
     OP_REFUSED = "op_refused"  # an op raised an error over a non-finite input (BCE's target range check)
     STATE_EXPORTED = "state_exported"  # a module's state_dict() handed out a non-finite parameter or buffer
+    OPTIMIZER_SETTING = "optimizer_setting"  # a param group's lr (momentum, ...) is non-finite before the step
+    MONITORED_METRIC = "monitored_metric"  # ReduceLROnPlateau or EarlyStopping was given a non-finite metric
 
 
 @dataclass(frozen=True)
@@ -356,4 +358,5 @@ class WatchFinding:
     @property
     def phase(self) -> str:
         """The phase of its step in which the value went non-finite."""
-        return {"loss": "forward", "refused": "forward", "gradient": "backward"}.get(self.what, "optimizer")
+        return {"loss": "forward", "refused": "forward", "monitored metric": "forward",
+                "gradient": "backward"}.get(self.what, "optimizer")

@@ -19,7 +19,8 @@ import torch
 
 from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
-from nandoctor.detect.observer import NonFiniteFound, Observer, raised_at, refuses_values, speaks_of_nonfinite
+from nandoctor.detect.observer import (NonFiniteFound, Observer, finite_metric, raised_at, refuses_values,
+                                      speaks_of_nonfinite)
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.detect.result import WatchFinding
 
@@ -134,6 +135,11 @@ class StepWatcher(Observer):
         self._earlier.clear()
         self._loss = None
         return clear()
+
+    def metric_followed(self, metric) -> None:
+        """A non-finite metric training follows lowers the learning rate or ends training."""
+        if not finite_metric(metric):
+            self._stop("monitored metric", None, None, self.locator.user_frame(2))
 
     def state_exported(self, module, state) -> None:
         """The weights of a model no optimizer trains (an EMA or SWA average, written through

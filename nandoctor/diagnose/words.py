@@ -52,6 +52,10 @@ _STOP_REASONS = {
     StopReason.READ_BACK: "the script read a non-finite value back (.item(), .tolist(), .numpy() or print)",
     StopReason.SCRIPT_RAISED: "the script checked this value itself and raised an error over it",
     StopReason.OP_REFUSED: "the op it went into raised an error over it",
+    StopReason.OPTIMIZER_SETTING: "the optimizer's learning rate (or another setting of a param group) is "
+                                  "non-finite before its step: every update it makes is NaN",
+    StopReason.MONITORED_METRIC: "training follows it (ReduceLROnPlateau, EarlyStopping): a NaN metric never "
+                                 "improves, so the learning rate drops or training ends over it",
     StopReason.AMP_SCALE_COLLAPSE: "the GradScaler skipped a step at a loss scale of 1 or less: the gradients are non-finite unscaled",
 }
 

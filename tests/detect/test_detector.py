@@ -283,9 +283,9 @@ class TestMetricsTheScriptPrints:
     @staticmethod
     def _per_class_precision(logits, y):
         pred = logits.argmax(1)
-        tp = torch.stack([((pred == c) & (y == c)).sum() for c in range(4)]).float()
-        predicted = torch.stack([(pred == c).sum() for c in range(4)]).float()
-        return tp / predicted  # class 3 is never predicted: 0/0
+        tp = torch.stack([((pred == c) & (y == c)).sum() for c in range(5)]).float()
+        predicted = torch.stack([(pred == c).sum() for c in range(5)]).float()
+        return tp / predicted  # a fifth class the 4 outputs never predict: 0/0
 
     def test_a_validation_metric_of_zero_over_zero_printed_is_no_stop(self):
         result = self._train_then_evaluate(self._per_class_precision)
@@ -313,6 +313,44 @@ class TestMetricsTheScriptPrints:
 
         result = detect(run)
         assert result.stopped and result.detection.reason is StopReason.READ_BACK
+
+    def test_a_nan_metric_the_learning_rate_follows_is_a_finding_rooted_where_it_was_made(self):
+        model = torch.nn.Linear(3, 4)
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(torch.optim.SGD(model.parameters(), lr=0.1))
+
+        def plateau(logits, y):
+            precision = self._per_class_precision(logits, y)
+            scheduler.step(precision.mean().item())  # a NaN never improves: the rate drops
+            return precision
+
+        result = self._train_then_evaluate(plateau, model)
+        assert result.stopped and result.detection.reason is StopReason.MONITORED_METRIC
+        assert result.detection.root.op == "aten.div.Tensor"
+
+    @staticmethod
+    def _poly_schedule(clamped: bool):
+        w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def run():
+            for it in range(5):  # past the 3 steps the schedule was written for
+                progress = torch.tensor(it / 3)
+                lr = 0.1 * ((1 - progress).clamp(min=0) if clamped else 1 - progress) ** 0.9  # MARK-poly
+                opt.param_groups[0]["lr"] = lr.item()
+                opt.zero_grad()
+                (w * w).sum().backward()
+                opt.step()
+
+        return detect(run)
+
+    def test_a_learning_rate_schedule_that_runs_past_its_end_is_found_where_it_went_nan(self):
+        result = self._poly_schedule(clamped=False)
+        assert result.stopped and result.detection.reason is StopReason.OPTIMIZER_SETTING
+        assert result.detection.root.op == "aten.pow.Tensor_Scalar"
+        assert result.detection.root.location.line == line_of("MARK-poly")
+
+    def test_near_miss_a_schedule_clamped_at_its_end_is_clean(self):
+        assert not self._poly_schedule(clamped=True).stopped
 
     def test_a_metrics_state_that_nothing_trains_may_hold_the_inf_of_a_metric(self):
         # Keras keeps a metric's running total in a variable nothing trains.

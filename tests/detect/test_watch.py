@@ -33,6 +33,33 @@ def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
     assert torch.isfinite(w).all()
 
 
+def _plateau(val_losses) -> StepWatcher:
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+    watcher = StepWatcher(load_config().run)
+    try:
+        with watcher:
+            for val_loss in val_losses:
+                opt.zero_grad()
+                (w * w).sum().backward()
+                opt.step()
+                scheduler.step(val_loss)
+    except NonFiniteFound:
+        pass
+    return watcher
+
+
+def test_a_nan_metric_given_to_a_plateau_scheduler_is_a_finding():
+    # A NaN never improves: the scheduler would lower the learning rate over it.
+    found = _plateau([0.5, float("nan"), 0.4]).finding()
+    assert found is not None and found.what == "monitored metric" and found.step == 2
+
+
+def test_near_miss_finite_metrics_given_to_the_scheduler_are_no_finding():
+    assert _plateau([0.5, torch.tensor(0.45), 0.4]).finding() is None
+
+
 def _accumulate(bad_micro_batch: int | None, skip_when_bad: bool = False) -> StepWatcher:
     """Two steps of four micro-batches each; one micro-batch's loss is NaN (its gradients too)."""
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
