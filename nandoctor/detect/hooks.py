@@ -63,7 +63,7 @@ class TrainingHooks:
         self._patch(torch.nn.utils, "clip_grad_norm_", self._wrap_clip)
         self._patch(GradScaler, "scale", self._wrap_scale)
         self._patch(GradScaler, "step", self._wrap_scaler_step)
-        self._patch(torch.optim.lr_scheduler.ReduceLROnPlateau, "step", self._wrap_plateau_step)
+        self._patch(torch.optim.lr_scheduler.ReduceLROnPlateau, "step", self._wrap_followed_metric)
         imports = ImportPatches()
         self._undo.append(imports.uninstall)
         imports.when_imported("keras.src.optimizers.base_optimizer", self._patch_keras)
@@ -159,29 +159,21 @@ class TrainingHooks:
 
         return clip_grad_norm_
 
-    def _wrap_plateau_step(self, original):
+    def _wrap_followed_metric(self, original):
+        """`ReduceLROnPlateau.step(metrics)`, `EarlyStopping._evaluate_stopping_criteria(current)`:
+        a method whose first argument is a metric training follows."""
         observer = self.observer
 
         @functools.wraps(original)
-        def step(scheduler, metrics, *args, **kwargs):
-            observer.metric_followed(metrics)
-            return original(scheduler, metrics, *args, **kwargs)
+        def follows(owner, metric, *args, **kwargs):
+            observer.metric_followed(metric)
+            return original(owner, metric, *args, **kwargs)
 
-        return step
+        return follows
 
     def _patch_early_stopping(self, module) -> None:
         if hasattr(module.EarlyStopping, "_evaluate_stopping_criteria"):
-            self._patch(module.EarlyStopping, "_evaluate_stopping_criteria", self._wrap_early_stopping)
-
-    def _wrap_early_stopping(self, original):
-        observer = self.observer
-
-        @functools.wraps(original)
-        def evaluate(callback, current, *args, **kwargs):
-            observer.metric_followed(current)
-            return original(callback, current, *args, **kwargs)
-
-        return evaluate
+            self._patch(module.EarlyStopping, "_evaluate_stopping_criteria", self._wrap_followed_metric)
 
     def _wrap_scale(self, original):
         observer = self.observer
