@@ -960,6 +960,28 @@ def test_a_nan_copied_into_a_parameter_no_module_owns_is_described_by_its_shape(
     assert cause.explanation.startswith("A parameter of shape (3,) holds 1 NaN (of 3)")
 
 
+class TestCausalMaskDiagonal:
+    """A causal mask written with `triu` and the default diagonal=0 masks each position's
+    own score too: the first query attends to nothing, and its softmax row is 0/0."""
+
+    @staticmethod
+    def _attend(mask):
+        w = torch.nn.Parameter(torch.randn(4, 4))
+        return lambda: torch.softmax(w + mask(), -1).sum()
+
+    def test_a_triu_mask_that_keeps_the_diagonal_masked_is_named_with_its_fix(self):
+        cause = cause_of(self._attend(lambda: torch.triu(torch.full((4, 4), float("-inf")))))
+        assert cause.id == "inf_arithmetic" and "diagonal=1" in cause.explanation and "diagonal=1" in cause.fix
+
+    @pytest.mark.parametrize("mask", [
+        lambda: torch.triu(torch.full((4, 4), float("-inf")), diagonal=1),
+        lambda: torch.triu(torch.full((4, 4), float("-inf")), 1),
+        lambda: torch.full((4, 4), float("-inf")).triu(1),
+    ])
+    def test_near_miss_a_mask_above_the_diagonal_is_clean(self, mask):
+        assert stays_clean(self._attend(mask))
+
+
 class TestMaskValueUsed:
     def test_a_minus_inf_mask_summed_into_the_loss_is_a_mask_used_as_a_number(self):
         w = torch.nn.Parameter(torch.randn(4, 4))

@@ -633,6 +633,15 @@ def ctc_infeasible(ev: Evidence) -> Cause | None:
     )
 
 
+# `torch.triu(x, diagonal=1)`, `x.triu(1)`, `torch.triu(x, 1)`: a causal mask above the diagonal.
+_ABOVE_THE_DIAGONAL = re.compile(r"diagonal\s*=\s*[1-9]|triu\(\s*[1-9]\s*\)|\)\s*,\s*[1-9]\s*\)")
+
+
+def _masks_the_diagonal(code: str | None) -> bool:
+    """Is the line a `triu` of -inf that keeps the diagonal masked (the default diagonal=0)?"""
+    return bool(code) and "triu(" in code and not _ABOVE_THE_DIAGONAL.search(code)
+
+
 @op_rule("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax")
 def softmax_all_masked(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
@@ -649,12 +658,17 @@ def softmax_all_masked(ev: Evidence) -> Cause | None:
         )
     if x is None or not x.neginf or not ev.made_nan():
         return None
+    written = ev.facts.inf_written_at
+    diagonal = written is not None and _masks_the_diagonal(written.code)
     return Cause(
         "inf_arithmetic",
         "softmax over a row that is entirely -inf",
         f"At {ev.where} ({ev.code}) some rows of the softmax input are -inf everywhere (fully masked); "
         f"exp(-inf - (-inf)) is NaN ({_out(ev)})."
-        + (f" The -inf was written at {words.inf_source(ev.facts)}." if words.inf_source(ev.facts) else ""),
+        + (f" The -inf was written at {words.inf_source(ev.facts)}." if words.inf_source(ev.facts) else "")
+        + (" That causal mask is `triu` without `diagonal=1`: it masks the diagonal too, so the first position "
+           "may attend to nothing." if diagonal else ""),
+        ("Keep each position's own score: `torch.triu(..., diagonal=1)`. " if diagonal else "") +
         "Handle the rows with nothing to attend to (an empty set, an all-padding sequence): drop them from the "
         "batch, or give them finite scores before the softmax and zero weights after it (`any_valid = "
         "valid.any(-1, keepdim=True); w = torch.softmax(torch.where(any_valid, masked, 0.0), -1) * any_valid`), "
