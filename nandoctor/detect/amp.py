@@ -24,6 +24,7 @@ import weakref
 
 import torch
 
+from nandoctor.detect.records import lineage_of
 from nandoctor.detect.result import AmpScaling
 
 # At or below this scale a skipped step means the unscaled gradients are non-finite.
@@ -32,8 +33,6 @@ COLLAPSED_SCALE = 1.0
 LOSSES_IN_A_ROW = 3
 # The latest scaled backwards whose values `from_scaled_gradients` recognises.
 WINDOWS_KEPT = 16
-# Records walked up a value's lineage to find a gradient of a scaled backward.
-LINEAGE_WALKED = 256
 
 
 class ScalerTracker:
@@ -59,15 +58,8 @@ class ScalerTracker:
     def from_scaled_gradients(self, record) -> bool:
         """Was `record` computed from what a scaled backward made (a gradient, or a norm of
         the gradients the script logs)?"""
-        if not self._windows:
-            return False
-        todo, walked = [record], 0
-        while todo and walked < LINEAGE_WALKED:
-            r, walked = todo.pop(), walked + 1
-            if r.phase == "backward" and self._in_a_window(r.order):
-                return True
-            todo.extend(r.parents)
-        return False
+        return bool(self._windows) and any(r.phase == "backward" and self._in_a_window(r.order)
+                                           for r in lineage_of(record))
 
     def _in_a_window(self, order: int) -> bool:
         return any(first < order and (end is None or order < end) for first, end in self._windows)

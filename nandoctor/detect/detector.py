@@ -47,7 +47,7 @@ from nandoctor.detect.policy import op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.regions import ModuleRegions
-from nandoctor.detect.records import Record, RecordTable, tensors_of
+from nandoctor.detect.records import Record, RecordTable, lineage_of, tensors_of
 from nandoctor.detect.result import Detection, StopReason
 from nandoctor.detect.saved import SavedValues
 
@@ -68,18 +68,16 @@ _SETTINGS = ("lr", "momentum", "weight_decay", "eps", "alpha", "betas", "dampeni
 
 
 def _settings_finite(optimizer) -> bool:
+    """Are the param groups' settings finite? Numbers, and tensors on the CPU (a setting on
+    an accelerator would be a host sync every step: its NaN update is found after it)."""
     for group in optimizer.param_groups:
         for name in _SETTINGS:
             value = group.get(name)
             for v in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(v, float) and not math.isfinite(v) or \
-                        isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                if isinstance(v, float) and not math.isfinite(v) or isinstance(v, torch.Tensor) \
+                        and v.is_cpu and v.is_floating_point() and not bool(torch.isfinite(v).all()):
                     return False
     return True
-
-
-# Records walked up a value's lineage to see whether any went through the model.
-_LINEAGE_WALKED = 256
 
 
 def _a_metric(t: torch.Tensor, record: Record) -> bool:
@@ -96,12 +94,8 @@ def _born_as_a_metric(record: Record) -> bool:
     a stop, as in watch mode. A NaN the model itself made or passed through (an op inside
     a module: an EMA model evaluated with the NaN weights an average wrote), and data that
     arrived bad, still stop the run there."""
-    todo, walked = [record], 0
-    while todo and walked < _LINEAGE_WALKED:
-        r, walked = todo.pop(), walked + 1
-        if r.module is not None or r.node_seq is not None:
-            return False
-        todo.extend(r.parents)
+    if any(r.module is not None or r.node_seq is not None for r in lineage_of(record)):
+        return False
     root = birth_of(record)
     return root.phase == "forward" and not root.facts.entered and not root.facts.untracked_input
 

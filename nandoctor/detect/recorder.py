@@ -18,7 +18,7 @@ from nandoctor.detect.mode import all_finite
 from nandoctor.detect.op_facts import collect_op_facts
 from nandoctor.detect.ops import base_name, is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
-from nandoctor.detect.records import Record, RecordTable, storage_key, tensors_of
+from nandoctor.detect.records import Record, RecordTable, lineage_of, storage_key, tensors_of
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.result import OVERWRITTEN_SUFFIX, Discarded, ParameterRef, SiteFacts
 from nandoctor.detect.state import TrainingState
@@ -395,16 +395,9 @@ def _mark_births(record: Record, fact: str) -> None:
     """The values of `record` were dropped (`masked`: by a `where`, `masked_fill`, an
     index_put of 0) or made finite (`absorbed`): say so on the births they came from, for
     the gradient-leak diagnosis."""
-    stack, seen = [record], set()
-    while stack and len(seen) < 256:
-        r = stack.pop()
-        if id(r) in seen:
-            continue
-        seen.add(id(r))
-        parents = [p for p in r.parents if not p.intended]
-        if not parents:
+    for r in lineage_of(record, follows=lambda parent: not parent.intended):
+        if all(p.intended for p in r.parents):
             setattr(r.facts, fact, True)
-        stack.extend(parents)
 
 
 # A tensor larger than this is data, not a mask written entry by entry.

@@ -44,6 +44,19 @@ class Record:
     order: int = field(default_factory=next_order)
 
 
+def lineage_of(record: Record, follows=lambda parent: True, limit: int = 256):
+    """`record`, then the records it descends from through the parents `follows` accepts,
+    each once, at most `limit` of them (an unrolled loop's lineage is long)."""
+    stack, seen = [record], set()
+    while stack and len(seen) < limit:
+        r = stack.pop()
+        if id(r) in seen:
+            continue
+        seen.add(id(r))
+        yield r
+        stack.extend(p for p in r.parents if follows(p))
+
+
 def storage_key(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr()

@@ -12,21 +12,31 @@ from nandoctor.detect.observer import NonFiniteFound
 from nandoctor.detect.watch import StepWatcher
 
 
-def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
-    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
-    opt = torch.optim.SGD([w], lr=0.1)
+def _watched(run) -> StepWatcher:
+    """`run()` under watch mode, to its end or to the finding that stopped it."""
     watcher = StepWatcher(load_config().run)
     try:
         with watcher:
-            for step in range(3):
-                opt.zero_grad()
-                loss = (w * w).sum()
-                loss.backward()
-                if step == 1:
-                    w.grad[0] = float("nan")
-                opt.step()
+            run()
     except NonFiniteFound:
         pass
+    return watcher
+
+
+def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def train():
+        for step in range(3):
+            opt.zero_grad()
+            loss = (w * w).sum()
+            loss.backward()
+            if step == 1:
+                w.grad[0] = float("nan")
+            opt.step()
+
+    watcher = _watched(train)
     assert watcher.finding() is not None and watcher.finding().what == "gradient"
     assert watcher.finding().step == 1
     assert watcher.finding().weights_clean is True
@@ -37,17 +47,15 @@ def _plateau(val_losses) -> StepWatcher:
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = torch.optim.SGD([w], lr=0.1)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
-    watcher = StepWatcher(load_config().run)
-    try:
-        with watcher:
-            for val_loss in val_losses:
-                opt.zero_grad()
-                (w * w).sum().backward()
-                opt.step()
-                scheduler.step(val_loss)
-    except NonFiniteFound:
-        pass
-    return watcher
+
+    def train():
+        for val_loss in val_losses:
+            opt.zero_grad()
+            (w * w).sum().backward()
+            opt.step()
+            scheduler.step(val_loss)
+
+    return _watched(train)
 
 
 def test_a_nan_metric_given_to_a_plateau_scheduler_is_a_finding():
@@ -64,21 +72,19 @@ def _accumulate(bad_micro_batch: int | None, skip_when_bad: bool = False) -> Ste
     """Two steps of four micro-batches each; one micro-batch's loss is NaN (its gradients too)."""
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = torch.optim.SGD([w], lr=0.1)
-    watcher = StepWatcher(load_config().run)
-    try:
-        with watcher:
-            for step in range(2):
-                opt.zero_grad()
-                for micro in range(4):
-                    scale = float("nan") if (step, micro) == (1, bad_micro_batch) else 1.0
-                    loss = (w * w).sum() * scale / 4
-                    loss.backward()
-                    if skip_when_bad and not torch.isfinite(loss):
-                        opt.zero_grad()  # the script throws this micro-batch's gradients away
-                opt.step()
-    except NonFiniteFound:
-        pass
-    return watcher
+
+    def train():
+        for step in range(2):
+            opt.zero_grad()
+            for micro in range(4):
+                scale = float("nan") if (step, micro) == (1, bad_micro_batch) else 1.0
+                loss = (w * w).sum() * scale / 4
+                loss.backward()
+                if skip_when_bad and not torch.isfinite(loss):
+                    opt.zero_grad()  # the script throws this micro-batch's gradients away
+            opt.step()
+
+    return _watched(train)
 
 
 def test_an_earlier_micro_batchs_nan_loss_is_the_finding_not_only_its_gradients():
@@ -112,14 +118,18 @@ def _train_unused_rows(eps: float) -> StepWatcher:
     torch.manual_seed(0)
     embed = torch.nn.Embedding(8, 3)
     opt = torch.optim.Adam(embed.parameters(), lr=0.01, eps=eps)
+
+    def train():
+        for _ in range(3):
+            opt.zero_grad()
+            embed(torch.tensor([0, 1, 2, 3])).pow(2).mean().backward()
+            opt.step()
+
     watcher = StepWatcher(load_config().run)
     try:
         with watcher:
-            for _ in range(3):
-                opt.zero_grad()
-                embed(torch.tensor([0, 1, 2, 3])).pow(2).mean().backward()
-                opt.step()
-            watcher.finish()
+            train()
+            watcher.finish()  # (the check when the script ends)
     except NonFiniteFound:
         pass
     return watcher
