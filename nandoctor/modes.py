@@ -38,6 +38,7 @@ class RunRequest:
     config: Config
     config_path: str | None = None
     replay_rng: replay.RngState | None = None  # set in a replay: the RNG state to start from
+    stdin: replay.StdinStart | None = None  # the first run's standard input, for its replay
     # Under torch.distributed: `distributed_replay(steps, run)` runs this rank's part in the
     # ranks' one replay, `run(environ)` with a fresh rendezvous, or with None when the ranks
     # could not agree on one (see distributed.py).
@@ -94,7 +95,7 @@ class WatchMode(RunMode):
         replayed, outcome = _localise(request, rng, report, found.what, found.step, found.weights_clean)
         if replayed is None and found.what == "refused":
             return _error_stands(report, outcome)
-        return replayed if replayed is not None else _not_reproduced(found, report, outcome)
+        return replayed if replayed is not None else _not_reproduced(found, report, outcome, request.stdin)
 
 
 class ReplayMode(TraceMode):
@@ -127,7 +128,8 @@ def _localise(request: RunRequest, rng, first: RunReport, what: str, step: int,
     if request.distributed_replay is not None:
         outcome = request.distributed_replay(step + 1, replay_run(request, rng, step + 1))
     else:
-        outcome = replay.replay(request.target, request.args, request.as_module, request.config_path, rng, step + 1)
+        outcome = replay.replay(request.target, request.args, request.as_module, request.config_path, rng, step + 1,
+                                stdin=request.stdin)
     return _reproduced(outcome, first, what, step, weights_clean), outcome
 
 
@@ -138,7 +140,7 @@ def replay_run(request: RunRequest, rng, steps: int) -> Callable[[dict | None], 
         if environ is None:
             return replay.ReplayOutcome(None, "the ranks could not agree on a rendezvous for the replay")
         return replay.replay(request.target, request.args, request.as_module, request.config_path, rng, steps,
-                             environ=environ, timeout_s=REPLAY_TIMEOUT_S)
+                             environ=environ, timeout_s=REPLAY_TIMEOUT_S, stdin=request.stdin)
     return run
 
 
@@ -188,9 +190,10 @@ def _error_stands(report: RunReport, outcome: replay.ReplayOutcome) -> RunReport
     return report
 
 
-def _not_reproduced(found: WatchFinding, report: RunReport, outcome: replay.ReplayOutcome) -> RunReport:
+def _not_reproduced(found: WatchFinding, report: RunReport, outcome: replay.ReplayOutcome,
+                    stdin: replay.StdinStart | None) -> RunReport:
     """Watch mode's report when the replay did not find the failure again (or was
-    interrupted before it could)."""
+    interrupted, or died of the script's own error, before it could)."""
     site = Site(op="", phase=found.phase, location=found.location,
                 facts=SiteFacts(loss=found.loss, grad_norm=found.grad_norm))
     report.status, report.exit_code = "nonfinite", int(ExitCode.FOUND)
@@ -203,6 +206,10 @@ def _not_reproduced(found: WatchFinding, report: RunReport, outcome: replay.Repl
         report.cause = replay_words.unlocalised_watch(found)
         return _interrupted(report)
     replayed = outcome.report
+    if replayed is not None and replayed.status == "script_error" and replayed.error:
+        report.reproduced = None  # (neither reproduced nor not: it did not get there)
+        report.cause = replay_words.replay_died(found, replayed.error, stdin.kind if stdin and stdin.lost else None)
+        return report
     report.cause = replay_words.nonreproducible_watch(found, replayed is not None and replayed.status == "clean")
     if replayed is None and outcome.stderr.strip():
         report.notes.append(replay_words.replay_failed(outcome.stderr.strip().splitlines()[-1]))

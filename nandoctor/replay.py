@@ -9,8 +9,11 @@ under `--mode trace` with every op checked at once, stopping after step N+1 at t
 The replay's report has the op, the line and the cause. If the failure does not come
 back, that is itself the finding (`"reproduced": false`, cause `nonreproducible`).
 
-The replay process is `python -m nandoctor run --mode trace --max-steps N+1 --json F ...`
-with two environment variables:
+The replay process is `python -m nandoctor run --mode trace --max-steps N+1 --json F ...`.
+Its standard input is the first run's where that can be read again: a regular file
+(`< input.txt`) is opened anew at the offset the first run started from. A pipe or a
+terminal cannot be read twice: the replay's input is then empty, and a replay that dies of
+it says so (`StdinStart.lost`). It runs with two environment variables:
 
 - `NANDOCTOR_REPLAY=1`, which the script may read to skip side effects: the replay runs
   the user's code again, so files the script writes (checkpoints, logs) are written again
@@ -31,12 +34,13 @@ import base64
 import json
 import os
 import random
+import stat
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from nandoctor.errors import ExitCode, UsageError
 from nandoctor.report.model import RunReport
@@ -124,6 +128,45 @@ def take_state_from_environment() -> RngState | None:
 
 
 @dataclass
+class StdinStart:
+    """The script's standard input as the first run began. A regular file is opened again
+    (on Linux, through /proc: a new open file with its own offset, so the script's reads are
+    not moved) and the replay reads it from the same offset; anything else cannot be read
+    again."""
+
+    kind: str  # "file" | "pipe" | "terminal" | "empty" (closed, /dev/null or another device)
+    again: IO[bytes] | None = None  # the file, opened anew; None when it cannot be
+    offset: int = 0
+
+    @classmethod
+    def capture(cls) -> "StdinStart":
+        try:
+            info = os.fstat(0)
+        except OSError:  # stdin closed
+            return cls("empty")
+        if stat.S_ISREG(info.st_mode):
+            try:
+                return cls("file", open("/proc/self/fd/0", "rb"), os.lseek(0, 0, os.SEEK_CUR))
+            except OSError:  # (no /proc: the file cannot be opened again)
+                return cls("file")
+        if stat.S_ISCHR(info.st_mode):
+            return cls("terminal" if os.isatty(0) else "empty")
+        return cls("pipe")
+
+    @property
+    def lost(self) -> bool:
+        """Did the first run have an input the replay cannot be given?"""
+        return self.kind != "empty" and self.again is None
+
+    def for_replay(self) -> IO[bytes] | int:
+        """The replay's stdin: the file again, from where the first run began; else nothing."""
+        if self.again is None:
+            return subprocess.DEVNULL
+        self.again.seek(self.offset)
+        return self.again
+
+
+@dataclass
 class ReplayOutcome:
     report: RunReport | None  # the replay's report; None when it wrote none
     stderr: str
@@ -131,9 +174,11 @@ class ReplayOutcome:
 
 
 def replay(target: str, args: list[str], as_module: bool, config_path: str | None, rng: RngState,
-           steps: int, environ: dict[str, str] | None = None, timeout_s: float | None = None) -> ReplayOutcome:
+           steps: int, environ: dict[str, str] | None = None, timeout_s: float | None = None,
+           stdin: StdinStart | None = None) -> ReplayOutcome:
     """Run the script again under trace, seeded with `rng`, for at most `steps` optimizer
-    steps; in `environ` (a distributed rank's fresh rendezvous) and within `timeout_s`."""
+    steps; in `environ` (a distributed rank's fresh rendezvous) and within `timeout_s`,
+    reading `stdin` again where it can be."""
     with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as tmp:
         state_file, report_file = Path(tmp) / "state.json", Path(tmp) / "replay.json"
         save_state(rng, state_file)
@@ -144,7 +189,7 @@ def replay(target: str, args: list[str], as_module: bool, config_path: str | Non
         command += (["-m", target] if as_module else [target]) + list(args)
         env = dict(environ if environ is not None else os.environ, **{REPLAY_ENV: "1", STATE_ENV: str(state_file)})
         try:
-            proc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            proc = subprocess.run(command, stdin=stdin.for_replay() if stdin else subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True, env=env, timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
             return ReplayOutcome(_read(report_file), f"the replay did not finish within {timeout_s:g} s\n"

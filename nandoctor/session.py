@@ -39,6 +39,8 @@ def run(request: RunRequest, runner: ScriptRunner) -> RunReport:
     if request.replay_rng is not None:
         request.replay_rng.restore()
     rng = replay.RngState.capture()
+    if request.replay_rng is None:  # (a replay never replays itself)
+        request.stdin = replay.StdinStart.capture()
     locator = SourceLocator(main_file=runner.main_module.__file__, main_display=runner.display_path)
     observer = mode.observer(request, locator)
     ranks = RankRun.from_env() if request.replay_rng is None else None  # a replay runs on its own

@@ -128,6 +128,31 @@ def unlocalised_watch(finding: WatchFinding) -> Cause:
     )
 
 
+_LOST_INPUT = {"pipe": "a pipe", "terminal": "the terminal", "file": "a file that cannot be opened again here"}
+
+
+def replay_died(finding: WatchFinding, error: dict, lost_stdin: str | None) -> Cause:
+    """Watch mode saw a non-finite loss or gradient; the replay that finds the op died of
+    the script's own error before that step (`lost_stdin`: the first run's input, which the
+    replay could not be given)."""
+    died = f"`{error.get('type', 'Exception')}: {error.get('message', '')}`"
+    why = (f" The first run read its standard input from {_LOST_INPUT.get(lost_stdin, lost_stdin)}, which cannot be "
+           "read twice: the replay's input was empty." if lost_stdin else "")
+    fix = ("Give the script its input as a file (`python -m nandoctor run ... < input.txt`: the replay reads it "
+           "again) or as an argument; or run with `--mode trace`, which stops at the op in the first run."
+           if lost_stdin else
+           "Run with `--mode trace`, which stops at the op in the first run, without a replay. A script whose "
+           "second run differs from its first (it resumes from a checkpoint it wrote) can read the environment "
+           "variable `NANDOCTOR_REPLAY`, which is 1 in the replay.")
+    return Cause(
+        "unknown",
+        "a non-finite value watch mode saw, not localised: its replay died first",
+        f"Watch mode saw {_seen(finding.what, finding.step)}. The replay that finds the op (the script again, "
+        f"same seeds, under the per-op detector) died of the script's own error before that step: {died}.{why}",
+        fix,
+    )
+
+
 def replay_interrupted() -> str:
     return "the replay was interrupted (Ctrl-C) before it reached the failing step: the op is not localised."
 
