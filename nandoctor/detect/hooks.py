@@ -11,7 +11,8 @@ Each hook calls the observer (see observer.py for the protocol):
 - `torch.nn.utils.clip_grad_norm_`: the gradient norm before clipping, for the history.
 - `torch.amp.GradScaler.scale` / `.step`: which loss was scaled, and which steps the scaler
   skipped (see amp.py).
-- `ReduceLROnPlateau.step` and Lightning's `EarlyStopping`: a metric training follows.
+- `ReduceLROnPlateau.step`, Lightning's `EarlyStopping`, and Keras's `EarlyStopping` and
+  `ReduceLROnPlateau` callbacks: a metric training follows.
 - `torch.compile`: each call of what it returned is a compiled region (see compiled.py).
 - inside a `torch.func` transform, backward and grad are left alone (see `in_transform`).
 - Keras 3's `BaseOptimizer.apply` (torch backend), patched when the script imports Keras:
@@ -69,6 +70,8 @@ class TrainingHooks:
         imports.when_imported("keras.src.optimizers.base_optimizer", self._patch_keras)
         for lightning in ("lightning.pytorch", "pytorch_lightning"):
             imports.when_imported(f"{lightning}.callbacks.early_stopping", self._patch_early_stopping)
+        imports.when_imported("keras.src.callbacks.early_stopping", self._patch_keras_early_stopping)
+        imports.when_imported("keras.src.callbacks.reduce_lr_on_plateau", self._patch_keras_plateau)
         imports.when_imported("torch._dynamo", lambda module: hide_from_dynamo(self.runtime_code()))
         for name in _TRANSFORMS:
             self._patch(torch.func, name, self._wrap_transform)
@@ -174,6 +177,40 @@ class TrainingHooks:
     def _patch_early_stopping(self, module) -> None:
         if hasattr(module.EarlyStopping, "_evaluate_stopping_criteria"):
             self._patch(module.EarlyStopping, "_evaluate_stopping_criteria", self._wrap_followed_metric)
+
+    def _patch_keras_early_stopping(self, module) -> None:
+        self._patch(module.EarlyStopping, "get_monitor_value", self._wrap_monitor_value)
+
+    def _wrap_monitor_value(self, original):
+        """Keras's `EarlyStopping.get_monitor_value(logs)`: the value it returns is the metric
+        training follows (None: the metric is not logged)."""
+        observer = self.observer
+
+        @functools.wraps(original)
+        def get_monitor_value(callback, logs, *args, **kwargs):
+            value = original(callback, logs, *args, **kwargs)
+            if value is not None:
+                observer.metric_followed(value)
+            return value
+
+        return get_monitor_value
+
+    def _patch_keras_plateau(self, module) -> None:
+        self._patch(module.ReduceLROnPlateau, "on_epoch_end", self._wrap_keras_plateau)
+
+    def _wrap_keras_plateau(self, original):
+        """Keras's `ReduceLROnPlateau.on_epoch_end(epoch, logs)` reads `logs[monitor]`, the
+        metric the learning rate follows."""
+        observer = self.observer
+
+        @functools.wraps(original)
+        def on_epoch_end(callback, epoch, logs=None, *args, **kwargs):
+            value = (logs or {}).get(getattr(callback, "monitor", None))
+            if value is not None:
+                observer.metric_followed(value)
+            return original(callback, epoch, logs, *args, **kwargs)
+
+        return on_epoch_end
 
     def _wrap_scale(self, original):
         observer = self.observer

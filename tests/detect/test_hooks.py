@@ -328,6 +328,54 @@ def test_keras_steps_are_optimizer_steps_with_history(monkeypatch):
     assert len(history.loss) == 8 and all(v is not None for v in history.grad_norm)
 
 
+def _keras_fit_with_a_nan_validation_metric(callback_names):
+    """A Keras fit whose validation metric (a ratio over a zero target) is NaN every epoch;
+    the callbacks named follow that metric."""
+    keras = _keras()
+    import numpy as np
+
+    def ratio(y_true, y_pred):
+        return keras.ops.mean(y_pred - y_pred) / keras.ops.mean(y_true)  # 0/0 on the zero target
+
+    callbacks = {"early_stopping": lambda: keras.callbacks.EarlyStopping(monitor="val_ratio", mode="min", patience=1),
+                 "plateau": lambda: keras.callbacks.ReduceLROnPlateau(monitor="val_ratio", mode="min", patience=0)}
+
+    def fit():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=[ratio])
+        x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+        model.fit(x, x[:, :1], batch_size=16, epochs=3, verbose=0,
+                  validation_data=(x[:16], np.zeros((16, 1), "float32")),
+                  callbacks=[callbacks[name]() for name in callback_names])
+
+    return detect(fit)
+
+
+def _keras():
+    keras = pytest.importorskip("keras", reason="Keras 3 is not installed (pip install '.[stacks]')")
+    if keras.backend.backend() != "torch":
+        pytest.skip("Keras was imported with another backend")
+    return keras
+
+
+class TestKerasCallbacksFollowAMetric:
+    """Keras's EarlyStopping and ReduceLROnPlateau change training over the metric they
+    monitor: a NaN there is a finding, as for torch's and Lightning's. The same metric only
+    logged trains nothing."""
+
+    @pytest.mark.parametrize("callback", ["early_stopping", "plateau"])
+    def test_a_nan_metric_a_keras_callback_monitors_stops_the_run(self, monkeypatch, callback):
+        monkeypatch.setenv("KERAS_BACKEND", "torch")
+        found = _keras_fit_with_a_nan_validation_metric([callback])
+        assert found.stopped and found.detection.reason is StopReason.MONITORED_METRIC
+        assert found.detection.root.op == "aten.div.Tensor"
+
+    def test_near_miss_the_same_nan_metric_only_logged_is_no_stop(self, monkeypatch):
+        monkeypatch.setenv("KERAS_BACKEND", "torch")
+        assert not _keras_fit_with_a_nan_validation_metric([]).stopped
+
+
 def _per_sample_gradients(broken: bool, steps: int = 2):
     from torch.func import functional_call, grad, vmap
 
