@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import linecache
 import os
 import sys
 import traceback
 import types
+import zipfile
+import zipimport
 from typing import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +42,20 @@ _NANDOCTOR_DIR = str(Path(__file__).resolve().parent)
 
 
 def script_path(target: str) -> Path:
-    """The file python would run for `python TARGET` (a directory runs its __main__.py);
-    UsageError, as python's own words, when there is none."""
+    """The file python would run for `python TARGET` (a directory runs its __main__.py, a
+    zip application the __main__.py inside: the zip is returned); UsageError, as python's
+    own words, when there is none."""
     path = Path(target)
     if not path.exists():
         raise UsageError(f"can't open file '{target}': no such file")
+    if _zip_app(target):
+        try:
+            found = zipimport.zipimporter(target).find_spec("__main__")
+        except zipimport.ZipImportError:
+            found = None
+        if found is None:
+            raise UsageError(f"can't find '__main__' module in '{target}'")
+        return path
     if path.is_dir():
         main = path / "__main__.py"
         if not main.is_file():
@@ -88,6 +100,9 @@ class ScriptRunner:
 
     def _prepare_script(self) -> None:
         path = script_path(self.target)
+        if _zip_app(self.target):
+            self._prepare_zip_app()
+            return
         try:
             source = path.read_bytes()
         except OSError as exc:
@@ -108,11 +123,30 @@ class ScriptRunner:
         self.main_module = self._new_main(abs_file, spec=spec, loader=loader)
         if directory_app:
             self.main_module.__package__ = spec.parent
+            self.display_path = given  # (`app/__main__.py`: the file whose lines a report shows)
         self._argv0 = self.target
         # CPython puts the script's real directory first (a symlinked script imports from
         # the folder it really lives in).
         self._path0 = os.path.join(os.getcwd(), self.target) if directory_app else \
             os.path.dirname(os.path.realpath(abs_file))
+
+    def _prepare_zip_app(self) -> None:
+        """A zip application (`python app.pyz`) runs as python runs it: the zip as given
+        (joined to the working directory) comes first on sys.path, and its __main__ is
+        loaded by zipimport, spec and all."""
+        zip_path = os.path.join(os.getcwd(), self.target)
+        spec = zipimport.zipimporter(zip_path).find_spec("__main__")
+        try:
+            self.code = spec.loader.get_code("__main__")
+        except SyntaxError as exc:  # the user's error: run() ends with it, as python would
+            self.failure = _without_traceback(exc)
+        self.main_module = self._new_main(spec.origin, spec=spec, loader=spec.loader)
+        self.main_module.__package__ = spec.parent
+        self._argv0 = self.target
+        self._path0 = zip_path
+        self.display_path = os.path.join(self.target, "__main__.py")
+        _sources_readable(zip_path, spec.loader)
+
 
     def _prepare_module(self) -> None:
         # As with `python -m`, the current directory comes first while looking the module up.
@@ -249,6 +283,26 @@ def _without_traceback(exc: SyntaxError) -> SyntaxError:
 def _names_package_of(exc: ImportError, package: str) -> bool:
     """Whether `exc` says `package` (or a package above it) is missing (runpy's test)."""
     return exc.name is not None and (exc.name == package or package.startswith(exc.name + "."))
+
+
+def _zip_app(target: str) -> bool:
+    """Is `target` a zip application? python tries a file as a zip before running it as
+    a script (a zip may start with a `#!` line)."""
+    try:
+        return os.path.isfile(target) and zipfile.is_zipfile(target)
+    except OSError:
+        return False
+
+
+def _sources_readable(zip_path: str, importer: zipimport.zipimporter) -> None:
+    """Make the source lines of the zip's modules readable by file name (`linecache`, which
+    reports and tracebacks read), as python's traceback makes them from each frame's module:
+    from the zip, through its importer."""
+    with zipfile.ZipFile(zip_path) as archive:
+        names = [n for n in archive.namelist() if n.endswith(".py")]
+    for name in names:
+        module = name[:-len(".py")].removesuffix("/__init__").replace("/", ".")
+        linecache.lazycache(f"{zip_path}/{name}", {"__name__": module, "__loader__": importer})
 
 
 def _script_loader(path: str):

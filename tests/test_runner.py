@@ -62,6 +62,48 @@ def test_a_script_named_in_other_ways_sees_what_python_shows_it(tmp_path, script
     assert _probe_lines(wrapped.stdout) == plain.splitlines()
 
 
+def _zip_app(tmp_path, name: str, members: dict[str, str], prefix: bytes = b"") -> str:
+    """A zip application as `python -m zipapp` makes one (an optional `#!` line first)."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for member, source in members.items():
+            archive.writestr(member, source)
+    (tmp_path / name).write_bytes(prefix + buffer.getvalue())
+    return name
+
+
+@pytest.mark.parametrize("prefix", [b"", b"#!/usr/bin/env python3\n"])
+def test_a_zip_application_runs_as_python_runs_it(tmp_path, prefix):
+    app = _zip_app(tmp_path, "app.pyz", {"__main__.py": PROBE + "import helper\nprint(helper.X)\n",
+                                         "helper.py": "X = 5\n"}, prefix)
+    plain = _python([app, "a"], tmp_path)
+    wrapped = run_nandoctor(["run", app, "a"], tmp_path, json_name=None)
+    assert wrapped.code == 0 and plain.splitlines()[-1] == "5"
+    assert _probe_lines(wrapped.stdout) == plain.splitlines()
+
+
+def test_near_miss_a_zip_without_a_main_is_refused_in_pythons_words(tmp_path):
+    app = _zip_app(tmp_path, "lib.zip", {"helper.py": "X = 5\n"})
+    wrapped = run_nandoctor(["run", app], tmp_path, json_name=None)
+    assert wrapped.code == 2 and "can't find '__main__' module in 'lib.zip'" in wrapped.stderr
+
+
+@pytest.mark.parametrize("app", ["bad", "bad.pyz"])
+def test_a_report_on_a_directory_or_zip_application_shows_its_main_lines(tmp_path, script, app):
+    source = "import torch\nx = torch.tensor([-1.0])\nprint(torch.log(x).tolist())\n"
+    if app == "bad":
+        script("bad/__main__.py", source)
+    else:
+        _zip_app(tmp_path, app, {"__main__.py": source})
+    result = run_nandoctor(["run", app], tmp_path)
+    location = result.report["root"]["location"]
+    assert result.code == 3 and location["file"] == f"{app}/__main__.py" and location["line"] == 3
+    assert "print(torch.log(x).tolist())" in location["code"] and "→    3 │ print(torch.log(x)" in result.stderr
+
+
 def test_module_run_matches_python_dash_m(tmp_path, script):
     script("pkg/__init__.py", "")
     script("pkg/probe.py", PROBE)
