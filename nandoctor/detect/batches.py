@@ -11,6 +11,10 @@ already non-finite when it entered torch (`TensorDataset(torch.from_numpy(x))`) 
 entry as its parent, at the line where it came in. When no op there made it and the loader
 collates with a function of the script's, the whole batch is fetched and collated again:
 a per-batch statistic (`(y - y.mean()) / y.std()` over a constant batch) needs every sample.
+When the samples come back finite and a worker process made the batch, a random transform
+drew differently here (a random crop that only sometimes lands on an all-black patch): the
+batch is fetched again as that worker fetched it, with its seeds, its `worker_init_fn` and
+the batches it fetched before, in order (`refetch_as_worker`), so the crop is the same one.
 The script's random state is put back after a refetch.
 """
 from __future__ import annotations
@@ -28,15 +32,33 @@ from nandoctor.detect.result import BatchOrigin
 ROWS_KEPT = 20
 
 
+# A worker's batches fetched again, at most, to reproduce its random state for a later one.
+WORKER_BATCHES_REPLAYED = 2000
+# Bad batches a run fetches again as their worker did (each replays the worker's epoch so far).
+WORKER_REFETCHES = 3
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamPosition:
-    """Where a batch of an IterableDataset came from, for fetching it again: it has no
-    indices, only its place in a stream (a worker's own stream, with workers)."""
+    """Where a batch came from, for fetching it again. A batch of an IterableDataset has no
+    indices, only its place in a stream (a worker's own stream, with workers); one of a
+    map-style dataset made by a worker needs the batches that worker fetched before it
+    (`drawn`: every batch's indices this epoch, in order; None when not kept)."""
 
     batch_size: int | None  # samples a batch (None: the loader does not batch)
     workers: int  # 0: the stream is iterated in this process
     base_seed: int | None = None  # the loader's seed for this epoch's workers
     worker_init_fn: Callable | None = None
+    drawn: list | None = None
+
+    def worker_batches(self, batch_number: int) -> list | None:
+        """The indices of each batch the worker that made `batch_number` fetched, in order,
+        that one last; None when they are not known or too many to fetch again."""
+        worker, number = self.worker_of(batch_number)
+        if worker is None or self.drawn is None or batch_number >= len(self.drawn) \
+                or number >= WORKER_BATCHES_REPLAYED:
+            return None
+        return self.drawn[worker:batch_number + 1:self.workers]
 
     def worker_of(self, batch_number: int) -> tuple[int | None, int]:
         """(the worker that made batch `batch_number`, or None; its number in that worker's
@@ -47,7 +69,8 @@ class StreamPosition:
 
 
 class BatchChecks:
-    def __init__(self, recorder: Recorder, refetch: Callable[..., list], refetch_stream: Callable[..., list]) -> None:
+    def __init__(self, recorder: Recorder, refetch: Callable[..., list], refetch_stream: Callable[..., list],
+                 refetch_as_worker: Callable[..., list]) -> None:
         self.recorder = recorder
         # refetch(dataset, indices, collate=None): again, under the per-op mode; gives the
         # non-finite tensors of the refetched samples (None: the dataset failed on a re-read)
@@ -55,6 +78,10 @@ class BatchChecks:
         # refetch_stream(dataset, stream, batch_number, collate): an IterableDataset's batch
         # again, from a new pass over its stream; the same answer as `refetch`
         self.refetch_stream = refetch_stream
+        # refetch_as_worker(dataset, stream, batch_number, collate): a map-style batch a worker
+        # made, fetched again after the batches it fetched before; the same answer
+        self.refetch_as_worker = refetch_as_worker
+        self.worker_refetches = 0
 
     def check(self, batch, batch_number: int, indices, dataset=None, collate=None, stream=None) -> None:
         for path, t in tensors_in(batch):
@@ -65,13 +92,15 @@ class BatchChecks:
                 fetched = None
                 if refetchable and origin.dataset_indices:
                     fetched = self.refetch(dataset, origin.dataset_indices)
-                elif stream is not None and dataset is not None:
+                elif stream is not None and isinstance(dataset, torch.utils.data.IterableDataset):
                     fetched = self.refetch_stream(dataset, stream, batch_number, collate if _own_collate(collate) else None)
                 if refetchable and self.recorder.first_birth_since(mark) is None and _own_collate(collate) \
                         and indices is not None:
                     # Not made in __getitem__: a collate_fn of the script's may have made it, from
                     # the whole batch (a per-batch statistic): the batch is collated again.
                     self.refetch(dataset, tuple(int(i) for i in indices), collate)
+                if refetchable and fetched == [] and self.recorder.first_birth_since(mark) is None:
+                    fetched = self._as_its_worker(dataset, stream, batch_number, collate) or fetched
                 made_here = self.recorder.first_birth_since(mark) or self._entered_earlier(fetched or [])
                 if made_here is None and fetched == []:
                     origin = dataclasses.replace(origin, refetched_finite=True)
@@ -83,6 +112,15 @@ class BatchChecks:
                     # The root is that op, and the report names the root's batch and samples.
                     made_here.facts.batch = made_here.facts.batch or origin
                 self.recorder.records.put(t, record)
+
+    def _as_its_worker(self, dataset, stream, batch_number: int, collate):
+        """Fetched again here the batch came back finite: where a worker made it, fetch it
+        again as that worker did (None when no worker did, or it cannot be)."""
+        if stream is None or stream.worker_batches(batch_number) is None \
+                or self.worker_refetches >= WORKER_REFETCHES:
+            return None
+        self.worker_refetches += 1
+        return self.refetch_as_worker(dataset, stream, batch_number, collate if _own_collate(collate) else None)
 
     def _entered_earlier(self, samples: list[torch.Tensor]):
         """The earliest record a bad sample carries from before this batch: the tensor the

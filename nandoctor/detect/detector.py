@@ -130,11 +130,22 @@ def _as_worker(dataset, stream, worker: int | None):
     try:
         random.seed(seed)
         torch.manual_seed(seed)
+        np = sys.modules.get("numpy")
+        if np is not None:  # (a worker seeds numpy's global generator too)
+            np.random.seed(worker_module._generate_state(stream.base_seed or 0, worker))
         if stream.worker_init_fn is not None:
             stream.worker_init_fn(worker)
         yield
     finally:
         worker_module._worker_info = saved
+
+
+def _fetch_samples(dataset, indices) -> list:
+    """A batch's samples as a worker fetches them (`__getitems__` where the dataset has one)."""
+    indices = list(indices)
+    if getattr(dataset, "__getitems__", None):
+        return dataset.__getitems__(indices)
+    return [dataset[i] for i in indices]
 
 
 _THE_UPDATE = "the parameters after optimizer.step()"  # (how a flagged update is named until the replay)
@@ -255,7 +266,7 @@ class Detector(Observer):
                                  Allowances(run_settings.get("allow", ())))
         self.deferred = DeferredOps(self.flags, self.recorder)
         self.boundaries = BoundaryChecks(self.state, self.recorder, self.stop)
-        self.batches = BatchChecks(self.recorder, self._refetch, self._refetch_stream)
+        self.batches = BatchChecks(self.recorder, self._refetch, self._refetch_stream, self._refetch_as_worker)
         self.saved = SavedValues(self.records)
         self.detection: Detection | None = None
         self._refused: tuple[Exception, str, Record] | None = None  # (error, op, input) of op_raised
@@ -868,6 +879,28 @@ class Detector(Observer):
                 if collate is not None:
                     collate(batch)
                 return batch
+
+        return self._fetched_again(fetch)
+
+    def _refetch_as_worker(self, dataset, stream, batch_number: int, collate=None) -> list[torch.Tensor] | None:
+        """A map-style dataset's batch `batch_number` that a worker process made, fetched
+        again (see `_refetch`) as that worker fetched it: its `get_worker_info()`, seeds and
+        `worker_init_fn`, then each batch it fetched before, in order, with the per-op mode
+        off (a random transform draws the same numbers), then this one with it on."""
+        *earlier, this = stream.worker_batches(batch_number)
+        worker, _ = stream.worker_of(batch_number)
+
+        def fetch():
+            with _as_worker(dataset, stream, worker):
+                for indices in earlier:  # (at the script's own speed: no op checked)
+                    samples = _fetch_samples(dataset, indices)
+                    if collate is not None:
+                        collate(samples)
+                self._check_ops_again()
+                samples = _fetch_samples(dataset, this)
+                if collate is not None:
+                    collate(samples)
+                return samples
 
         return self._fetched_again(fetch)
 

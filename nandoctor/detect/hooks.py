@@ -467,7 +467,7 @@ class TrainingHooks:
                 # Still inside data loading: the check itself runs without the per-op mode.
                 collate = getattr(iterator, "_collate_fn", None) if getattr(iterator, "_auto_collation", False) else None
                 dataset = getattr(iterator, "_dataset", None)
-                stream = _stream_position(iterator) if isinstance(dataset, torch.utils.data.IterableDataset) else None
+                stream = _stream_position(iterator, dataset)
                 observer.check_batch(batch, number, indices, dataset, collate, stream)
             finally:
                 observer.data_finished()
@@ -483,18 +483,39 @@ class TrainingHooks:
             # processes, which prefetch): a queue pairs each batch with its dataset indices.
             if not hasattr(iterator, "_nandoctor_indices"):
                 iterator._nandoctor_indices = collections.deque()
+                iterator._nandoctor_drawn = [] if _workers_reseeded_each_epoch(iterator) else None
             iterator._nandoctor_indices.append(index)
+            drawn = iterator._nandoctor_drawn
+            if drawn is not None and len(drawn) < _DRAWN_KEPT:  # (a worker's batch is fetched again after its earlier ones)
+                drawn.append(index)
             return index
 
         return _next_index
 
 
-def _stream_position(iterator) -> StreamPosition:
-    """Where an IterableDataset's batches come from (see `StreamPosition`)."""
+# Batches' indices kept an epoch, for fetching a worker's batch again after its earlier ones.
+_DRAWN_KEPT = 100_000
+
+
+def _workers_reseeded_each_epoch(iterator) -> bool:
+    """Do worker processes make this epoch's batches, seeded afresh and taking the batches
+    in turn? (Persistent workers carry their random state over from earlier epochs; out of
+    order, a batch goes to whichever worker is free.)"""
+    return getattr(iterator, "_num_workers", 0) > 0 and not getattr(iterator, "_persistent_workers", False) \
+        and getattr(iterator, "_in_order", True)
+
+
+def _stream_position(iterator, dataset) -> StreamPosition | None:
+    """Where a batch comes from (see `StreamPosition`): for an IterableDataset, always; for
+    a map-style one, when worker processes make its batches."""
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    if not iterable and not _workers_reseeded_each_epoch(iterator):
+        return None
     sampler = getattr(iterator, "_index_sampler", None)
     batch_size = getattr(sampler, "batch_size", None) if getattr(iterator, "_auto_collation", False) else None
     return StreamPosition(batch_size, getattr(iterator, "_num_workers", 0), getattr(iterator, "_base_seed", None),
-                          getattr(iterator, "_worker_init_fn", None))
+                          getattr(iterator, "_worker_init_fn", None),
+                          None if iterable else getattr(iterator, "_nandoctor_drawn", None))
 
 
 def scriptable_as(original, wrapper):

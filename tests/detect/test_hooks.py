@@ -195,6 +195,60 @@ def test_near_miss_a_sample_bad_on_every_read_is_found_at_its_op_not_called_flak
     assert root.op == "aten.div.Tensor" and not root.facts.batch.refetched_finite
 
 
+class _RandomCrops(Dataset):
+    """A random crop of 4 from a row whose first 8 values are 0, normalised by its max: a
+    crop inside that dark band is 0/0. The crop is drawn from torch's, numpy's or Python's
+    generator, in each worker process seeded as DataLoader seeds it."""
+
+    def __init__(self, rng: str, guard: bool = False):
+        self.rng, self.guard = rng, guard
+        self.row = torch.cat([torch.zeros(8), torch.linspace(0.1, 1.0, 56)])
+
+    def __len__(self):
+        return 64
+
+    def _start(self) -> int:
+        if self.rng == "numpy":
+            import numpy as np
+            return int(np.random.randint(0, 60))
+        if self.rng == "random":
+            import random
+            return random.randrange(60)
+        return int(torch.randint(0, 60, ()))
+
+    def __getitem__(self, i):
+        crop = self.row[(s := self._start()):s + 4]
+        peak = crop.max().clamp_min(1e-6) if self.guard else crop.max()
+        return crop / peak, torch.tensor([1.0])  # MARK-crop
+
+
+def _crop_training(rng: str, guard: bool = False, **loader_args):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(_RandomCrops(rng, guard), batch_size=4, num_workers=2, **loader_args):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("rng", ["torch", "numpy", "random"])
+def test_a_random_crop_a_worker_made_bad_is_fetched_again_as_that_worker_drew_it(rng):
+    """Fetched again here, the crop is drawn anew and comes back finite: fetched as its
+    worker fetched it (its seeds, then its earlier batches in order), it is the same crop,
+    and the op that made the NaN is the root."""
+    found = detect(lambda: _crop_training(rng))
+    assert found.stopped
+    root = found.detection.root
+    assert root.op == "aten.div.Tensor" and root.phase == "data" and "MARK-crop" in root.location.code
+    assert not root.facts.batch.refetched_finite
+
+
+def test_near_miss_a_guarded_random_crop_in_workers_runs_clean():
+    assert not detect(lambda: _crop_training("torch", guard=True)).stopped
+
+
 class _Targets(Dataset):
     """Targets whose samples 4-7 are all 5.0: a batch of 4 made of them has a std of 0."""
 
