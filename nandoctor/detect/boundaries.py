@@ -173,7 +173,9 @@ def global_norm(tensors: list[torch.Tensor]) -> float:
         stacked = torch.stack([n.float() for n in norms])
     total = float(torch.linalg.vector_norm(stacked).item())
     if not math.isfinite(total):
-        total = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64))).item())
+        # (A float64 norm takes real values: a complex tensor's norm is its magnitudes'.)
+        real = [t.abs() if t.is_complex() else t for t in tensors]
+        total = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(real, 2, dtype=torch.float64))).item())
     return total
 
 

@@ -23,6 +23,37 @@ def _watched(run) -> StepWatcher:
     return watcher
 
 
+def _complex_layer_training(bad_step: int | None):
+    """A complex-valued layer (a spectral model's weights) with a real bias; its loss goes
+    non-finite at `bad_step` (a zero magnitude divided by)."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.cfloat))
+    b = torch.nn.Parameter(torch.zeros(4))
+    opt = torch.optim.Adam([w, b], lr=0.01)
+    x = torch.randn(8, 4, dtype=torch.cfloat)
+
+    def train():
+        for step in range(4):
+            magnitude = (x @ w).abs() * (0.0 if step == bad_step else 1.0)
+            loss = ((magnitude + b) / magnitude).mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([w, b], 1.0)
+            opt.step()
+
+    return train
+
+
+def test_complex_gradients_that_go_non_finite_are_a_finding_not_a_crash():
+    # (Their norm is recomputed in float64, which takes the magnitudes of complex values.)
+    finding = _watched(_complex_layer_training(bad_step=2)).finding()
+    assert finding is not None and finding.what == "loss" and finding.step == 2
+
+
+def test_near_miss_complex_gradients_that_stay_finite_run_clean():
+    assert _watched(_complex_layer_training(bad_step=None)).finding() is None
+
+
 def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = torch.optim.SGD([w], lr=0.1)
