@@ -555,6 +555,20 @@ class TestExpAndOverflow:
         cause = cause_of(train)
         assert cause.id == "exploding_gradient" and "over the last 2 steps" in cause.explanation
 
+    def test_a_noisy_divergence_that_ends_in_a_runaway_is_an_explosion(self):
+        from nandoctor.diagnose.rules.fallback import growth
+
+        # A large learning rate (a summed loss over accumulated micro-batches) bounces
+        # before it runs away: the last steps of such a run.
+        bouncing = [146.6, 497.9, 51.9, 825.2, 679.0, 354.2, 25446.6, 6.56e10]
+        assert growth(bouncing) is not None
+
+    def test_near_miss_a_loss_that_bounces_and_settles_is_no_explosion(self):
+        from nandoctor.diagnose.rules.fallback import growth
+
+        assert growth([146.6, 497.9, 51.9, 825.2, 679.0, 354.2, 2.5e4, 8.0e3]) is None  # (no runaway)
+        assert growth([1.0, 3.0, 0.5, 2.0, 1.0, 0.8, 5.0, 40.0]) is None  # (rising at the end, 40x only)
+
     def test_near_miss_two_losses_a_thousandfold_apart_are_no_explosion(self):
         from nandoctor.diagnose.rules.fallback import growth
 

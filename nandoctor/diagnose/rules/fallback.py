@@ -75,6 +75,11 @@ def growth(values: list) -> tuple[float, list[float]] | None:
     factor = window[-1] / window[0]
     if factor >= 100 and rising >= max(2, math.ceil(len(ratios) * 2 / 3)):
         return factor, window
+    # A noisy divergence (a large learning rate bounces before it runs away: 146 -> 498 ->
+    # 52 -> 825 -> 354 -> 2.5e4 -> 6.6e10) ends in a runaway: a millionfold over the window,
+    # rising over its last two steps.
+    if factor >= SINGLE_STEP_EXPLOSION and len(ratios) >= 2 and all(r > 1.5 for r in ratios[-2:]):
+        return factor, window
     return None
 
 
