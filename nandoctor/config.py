@@ -24,10 +24,14 @@ DEFAULTS: dict[str, Any] = {
     "run": {
         # trace: check every op; watch: check at step boundaries, re-run the bad step under trace.
         "mode": "trace",
-        # dtypes in which any Inf stops the run at once (elsewhere NaN and Inf are suspects
+        # dtypes in which an Inf is an overflow: it stops the run where an op absorbs it into
+        # finite values unhandled (sigmoid, relu), rooted where it overflowed; a clamp,
+        # `where`, `nan_to_num` or `isinf` test handles it (elsewhere NaN and Inf are suspects
         # until they reach the loss, a gradient, a parameter, optimizer state or a value the
         # script reads back).
         "stop_on_inf_dtypes": ["float16"],
+        # true: an overflow in those dtypes stops the run where it is made, handled or not.
+        "strict_overflow": False,
         # check batches as they come out of a DataLoader.
         "check_batches": True,
         # check every op inside optimizer.step() (slower); by default the step is checked

@@ -41,9 +41,10 @@ from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite
 from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
+from nandoctor.detect.ops import base_name
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
                                       refuses_values, raised_at, speaks_of_nonfinite)
-from nandoctor.detect.policy import op_verdict
+from nandoctor.detect.policy import HANDLES_OVERFLOW, an_overflow, op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.regions import ModuleRegions
@@ -242,6 +243,7 @@ class Detector(Observer):
     def __init__(self, run_settings, locator: SourceLocator | None = None) -> None:
         super().__init__(run_settings)
         self.stop_inf_dtypes = {getattr(torch, name) for name in run_settings.get("stop_on_inf_dtypes", ())}
+        self.strict_overflow = bool(run_settings.get("strict_overflow", False))
         self.check_batches = bool(run_settings.get("check_batches", True))
         # Check each op inside optimizer.step() (a replay localising an optimizer failure
         # does); by default the step is checked once, at its end.
@@ -379,9 +381,12 @@ class Detector(Observer):
         self.records.put(out, record)
         written = record.facts.parameter if record.facts.writes_parameter else None
         writes_parameter = written is not None and (written.trained or not _born_as_a_metric(record))
-        reason = op_verdict(record.phase, record.has_nan, bool(record.output.posinf or record.output.neginf), out.dtype,
-                            accepted=record.intended, writes_parameter=writes_parameter,
-                            stop_inf_dtypes=self.stop_inf_dtypes)
+        has_inf = bool(record.output.posinf or record.output.neginf)
+        reason = op_verdict(record.phase, record.has_nan, has_inf, out.dtype, accepted=record.intended,
+                            writes_parameter=writes_parameter)
+        record.overflow = not record.intended and an_overflow(record.phase, has_inf, out.dtype, self.stop_inf_dtypes)
+        if reason is None and record.overflow and self.strict_overflow:
+            reason = StopReason.OP_MADE_NAN if record.has_nan else StopReason.OP_MADE_INF
         if reason is not None:
             self.stop(record, reason)
 
@@ -438,14 +443,21 @@ class Detector(Observer):
     def carry(self, args, out) -> None:
         self.recorder.carry(args, out)
 
-    def absorbed(self, args) -> None:
+    def absorbed(self, func, args) -> None:
         """A checked op made only finite values (see `Recorder.absorbed`). Per op while
         records exist (a mask's, every step): a lookup, and nandoctor's own ops only for an
-        input that holds a value made by accident."""
+        input that holds a value made by accident. A float16 overflow absorbed by an op
+        that does not handle it stops the run where it overflowed (see `an_overflow`)."""
         made = [(t, r) for t in tensors_of(args) if (r := self.records.get(t)) is not None and not r.intended]
-        if made:
-            with self.internal():
-                self.recorder.absorbed(made)
+        if not made:
+            return
+        with self.internal():
+            self.recorder.absorbed(made)
+        if base_name(func) not in HANDLES_OVERFLOW:
+            for _, record in made:
+                born = birth_of(record)
+                if born.overflow:
+                    self.stop(born, StopReason.OP_MADE_NAN if born.has_nan else StopReason.OP_MADE_INF)
 
     def filled(self, args, out: torch.Tensor) -> None:
         """A fill, `where` or clamp touched a tensor with a record (rare): its output carries

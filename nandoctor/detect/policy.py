@@ -19,12 +19,29 @@ from nandoctor.detect.result import StopReason
 
 
 def op_verdict(phase: str, has_nan: bool, has_inf: bool, dtype, *, accepted: bool = False,
-               writes_parameter: bool = False, stop_inf_dtypes=()) -> StopReason | None:
+               writes_parameter: bool = False) -> StopReason | None:
     """The reason to stop at an op that made a non-finite value, or None (a suspect)."""
     if phase == "backward" or accepted:
         return None
     if writes_parameter:
         return StopReason.PARAMETER_WRITTEN
-    if phase == "optimizer" or (has_inf and dtype in stop_inf_dtypes):
+    if phase == "optimizer":
         return StopReason.OP_MADE_NAN if has_nan else StopReason.OP_MADE_INF
     return None
+
+
+def an_overflow(phase: str, has_inf: bool, dtype, stop_inf_dtypes) -> bool:
+    """Is an Inf an op made an overflow of a narrow dtype (`run.stop_on_inf_dtypes`, float16
+    by default)? Not a stop where it is made: a script may clamp it (Hugging Face's T5 and
+    BART clamp float16 hidden states to finfo.max - 1000), test for it, or let it reach the
+    loss (a stop there). Where an op absorbs it into finite values unhandled (a sigmoid
+    saturating at 1, relu of -inf, exp of -inf) the run stops at the op that overflowed:
+    the model trains on garbage from there, with no NaN to show for it."""
+    return has_inf and phase != "backward" and dtype in stop_inf_dtypes
+
+
+# Ops that handle an overflow they are handed: replace it, or test for it.
+HANDLES_OVERFLOW = frozenset({
+    "nan_to_num", "nan_to_num_", "isinf", "isnan", "isfinite", "isposinf", "isneginf",
+    "eq", "ne", "lt", "le", "gt", "ge", "signbit",
+})

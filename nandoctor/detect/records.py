@@ -40,6 +40,9 @@ class Record:
     parents: list["Record"]  # records of the non-finite inputs
     has_nan: bool
     intended: bool = False  # a -inf written on purpose (mask fill): not a root of anything
+    # An Inf made in a dtype of `run.stop_on_inf_dtypes` (float16): an overflow, which stops
+    # the run where it is absorbed into finite values unhandled (see Detector.absorbed).
+    overflow: bool = False
     facts: SiteFacts = field(default_factory=SiteFacts)
     order: int = field(default_factory=next_order)
 

@@ -130,9 +130,51 @@ class TestForward:
         assert [s.location.line for s in d.lineage[:2]] == [line_of("MARK-vae-sample")] * 2
         assert line_of("MARK-vae-kl") not in [s.location.line for s in d.lineage]
 
-    def test_float16_inf_stops_at_once_by_default(self):
-        result = detect(lambda: torch.tensor([300.0], dtype=torch.float16) * torch.tensor([300.0], dtype=torch.float16))
-        assert result.stopped and result.detection.root.output.posinf == 1
+
+
+class TestFloat16Overflow:
+    """A float16 Inf (by default; `run.stop_on_inf_dtypes`) stops the run where an op
+    absorbs it into finite values unhandled — the model trains on a saturated value, with
+    no NaN to show — at the op that overflowed. A script that handles it (a clamp, as Hugging
+    Face's T5 does, `where`, `nan_to_num`, an `isinf` test) runs on; one that lets it reach
+    the loss stops there."""
+
+    @staticmethod
+    def _half_layer(after):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 8).half()
+        with torch.no_grad():
+            lin.weight[:2] = 6e4  # outlier channels: their outputs overflow float16
+
+        def forward():
+            h = lin(torch.randn(16, 4).half())  # MARK-overflow
+            return read_back(after(h).float().sum())
+
+        return forward
+
+    @pytest.mark.parametrize("absorb", [torch.sigmoid, torch.relu, torch.tanh])
+    def test_an_overflow_absorbed_unhandled_stops_at_the_op_that_overflowed(self, absorb):
+        result = detect(self._half_layer(lambda h: absorb(-h.abs())))
+        assert result.stopped and result.detection.reason is StopReason.OP_MADE_INF
+        root = result.detection.root
+        assert root.op == "aten.addmm.default" and root.location.line == line_of("MARK-overflow")
+
+    @pytest.mark.parametrize("handle", [
+        lambda h: torch.clamp(h, min=-(torch.finfo(h.dtype).max - 1000), max=torch.finfo(h.dtype).max - 1000),
+        lambda h: torch.where(torch.isinf(h), torch.zeros_like(h), h),
+        lambda h: torch.nan_to_num(h),
+    ])
+    def test_near_miss_an_overflow_the_script_clamps_or_replaces_runs_on(self, handle):
+        assert not detect(self._half_layer(handle)).stopped
+
+    def test_an_overflow_that_reaches_the_loss_stops_there_rooted_where_it_overflowed(self):
+        result = detect(self._half_layer(lambda h: h))
+        assert result.stopped and result.detection.reason is StopReason.READ_BACK
+        assert result.detection.root.op == "aten.addmm.default"
+
+    def test_an_overflow_never_used_stops_nothing(self):
+        assert not detect(lambda: torch.tensor([300.0], dtype=torch.float16) * torch.tensor([300.0],
+                                                                                               dtype=torch.float16)).stopped
 
 
 class TestNoFalseAlarms:

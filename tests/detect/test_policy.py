@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nandoctor.detect.policy import op_verdict
+from nandoctor.detect.policy import an_overflow, op_verdict
 from nandoctor.detect.result import StopReason
 
 STOP_F16 = {torch.float16}
@@ -15,10 +15,10 @@ STOP_F16 = {torch.float16}
     ("forward", True, False, torch.float32, False, False, None),
     ("data", True, False, torch.float32, False, False, None),
     ("forward", False, True, torch.float32, False, False, None),
-    # ...unless it is an Inf in a dtype listed to stop on,
-    ("forward", False, True, torch.float16, False, False, StopReason.OP_MADE_INF),
-    ("forward", True, False, torch.float16, False, False, None),  # (a NaN in float16 is a suspect)
-    # ...or it is made inside the optimizer, or written into a parameter or buffer.
+    # ...a float16 overflow too (it stops where it is absorbed unhandled: see below),
+    ("forward", False, True, torch.float16, False, False, None),
+    ("forward", True, False, torch.float16, False, False, None),
+    # ...unless it is made inside the optimizer, or written into a parameter or buffer.
     ("optimizer", False, True, torch.float32, False, False, StopReason.OP_MADE_INF),
     ("optimizer", True, True, torch.float32, False, False, StopReason.OP_MADE_NAN),
     ("init", True, False, torch.float32, False, True, StopReason.PARAMETER_WRITTEN),
@@ -28,5 +28,15 @@ STOP_F16 = {torch.float16}
     ("forward", False, True, torch.float16, True, False, None),
 ])
 def test_op_verdict(phase, has_nan, has_inf, dtype, accepted, writes_parameter, verdict):
-    assert op_verdict(phase, has_nan, has_inf, dtype, accepted=accepted, writes_parameter=writes_parameter,
-                      stop_inf_dtypes=STOP_F16) is verdict
+    assert op_verdict(phase, has_nan, has_inf, dtype, accepted=accepted, writes_parameter=writes_parameter) is verdict
+
+
+@pytest.mark.parametrize("phase, has_inf, dtype, overflow", [
+    ("forward", True, torch.float16, True),  # an Inf in a dtype listed to stop on
+    ("data", True, torch.float16, True),
+    ("forward", False, torch.float16, False),  # (a NaN in float16 is a suspect like any other)
+    ("forward", True, torch.float32, False),
+    ("backward", True, torch.float16, False),  # (a GradScaler's scaled gradients overflow on purpose)
+])
+def test_an_overflow_is_an_inf_of_a_listed_dtype_outside_backward(phase, has_inf, dtype, overflow):
+    assert an_overflow(phase, has_inf, dtype, STOP_F16) is overflow
