@@ -44,13 +44,25 @@ def _before(args) -> torch.Tensor | None:
 _TRACED = (FakeTensor, FunctionalTensor)
 
 
+# float8 formats: storage for scaled values, not arithmetic (no `isfinite`, no `sum` on the
+# CPU). Not checked: a value cast into one is checked where it is cast back.
+_STORAGE_ONLY = frozenset(getattr(torch, name) for name in (
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, name))
+
+
+def checkable(t: torch.Tensor) -> bool:
+    """Does `t` hold values a finiteness check reads: floating or complex, in a dtype
+    torch computes in (not a float8 storage format)?"""
+    return (t.is_floating_point() or t.is_complex()) and t.dtype not in _STORAGE_ONLY
+
+
 def _finite(t: torch.Tensor) -> bool:
     """Cheap and one-sided: True proves every element finite; False may be an overflow."""
     if type(t) is not torch.Tensor and isinstance(t, _TRACED):
         return True
     if _jit_tracing() is not None:  # torch.jit.trace records every op run, a check's too
         return True
-    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+    if not checkable(t) or t.numel() == 0:
         return True
     try:
         value = t.item() if t.dim() == 0 else t.sum().item()  # (a loss: no sum to make)

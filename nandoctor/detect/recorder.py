@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from nandoctor.detect.mode import all_finite
+from nandoctor.detect.mode import all_finite, checkable
 from nandoctor.detect.op_facts import collect_op_facts
 from nandoctor.detect.ops import base_name, is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
@@ -199,8 +199,7 @@ class Recorder:
                 parents += self.records.all_of(t)
                 continue
             value = before if name == overwritten else t
-            if (value.is_floating_point() or value.is_complex()) and value.numel() \
-                    and not bool(torch.isfinite(value).all()):
+            if checkable(value) and value.numel() and not bool(torch.isfinite(value).all()):
                 # (Every record of what it covers: slices of it written separately.)
                 recorded = self.records.all_of(t)
                 if recorded:

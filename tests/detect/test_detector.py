@@ -177,6 +177,34 @@ class TestFloat16Overflow:
                                                                                                dtype=torch.float16)).stopped
 
 
+class TestFloat8:
+    """float8 formats store scaled values (FP8 fake quantisation): torch has no `isfinite`
+    for them, so they are not checked; a value is checked where it is cast back. A check
+    must never raise into the script."""
+
+    @staticmethod
+    def _fake_quantised_layer(guard: bool):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 2)
+        x = torch.cat([torch.randn(3, 4), torch.zeros(1, 4)])  # a zero padding row: amax 0
+
+        def quantised(t):
+            with torch.no_grad():
+                amax = t.abs().amax(dim=-1, keepdim=True)
+                scale = 448.0 / (amax.clamp_min(1e-12) if guard else amax)  # MARK-fp8-scale
+                q = (t * scale).to(torch.float8_e4m3fn).to(t.dtype) / scale
+            return t + (q - t).detach()
+
+        return lambda: lin(quantised(x)).sum().backward()
+
+    def test_a_zero_scale_through_a_float8_cast_is_found_at_its_division_without_raising(self):
+        result = detect(self._fake_quantised_layer(guard=False))
+        assert result.stopped and result.detection.root.location.line == line_of("MARK-fp8-scale")
+
+    def test_near_miss_a_guarded_scale_through_a_float8_cast_runs_clean(self):
+        assert not detect(self._fake_quantised_layer(guard=True)).stopped
+
+
 class TestNoFalseAlarms:
     def test_uninitialised_empty_buffers_are_not_checked(self):
         def fill():
