@@ -174,15 +174,17 @@ class SourceLocator:
         )
 
     def tests_finiteness(self, where: tuple[types.CodeType, int] | None) -> bool:
-        """Does the line test a value's finiteness (`if not math.isfinite(loss.item()):`), or
-        run in a branch such a test guards (`print(f"skipping: norm {norm.item()}")` under
-        it, or under its `else`)? A value read there is read to be checked or reported on
-        the way to being discarded, not used."""
+        """Does the line test a value's finiteness (`if not math.isfinite(loss.item()):`), run
+        in a branch such a test guards (`print(f"skipping: norm {norm.item()}")` under it, or
+        under its `else`), or read a value the next lines test (`l = loss.item()`, then `if
+        not math.isfinite(l): continue`)? A value read there is read to be checked or
+        reported on the way to being discarded, not used."""
         if where is None:
             return False
         code, line = where
+        lines = linecache.getlines(code.co_filename)
         return _FINITENESS_TEST.search(linecache.getline(code.co_filename, line)) is not None \
-            or _guarded_by_a_finiteness_test(linecache.getlines(code.co_filename), line)
+            or _guarded_by_a_finiteness_test(lines, line) or _tested_right_after(lines, line)
 
     def display_path(self, filename: str) -> str:
         """The path as the user would write it: the script as typed, others relative to cwd."""
@@ -196,6 +198,46 @@ class SourceLocator:
         except ValueError:
             return filename
         return filename if rel.startswith("..") else rel
+
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_LINES_AFTER = 3  # a test of what was read comes right after the read, or it is not one
+
+
+def _tested_right_after(lines: list[str], line: int) -> bool:
+    """Does one of the next few lines of the block test the finiteness of a name the read
+    line mentions (`l = loss.item()` then `if not math.isfinite(l):`; a running average of
+    `loss.item()` before `if not math.isfinite(loss.item()): break`)?"""
+    if not 0 < line <= len(lines):
+        return False
+    names = set(_NAME.findall(lines[line - 1].split("#", 1)[0])) - _NOT_VALUES
+    indent, looked = _indent_of(lines[line - 1]), 0
+    for text in lines[line:]:
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if _indent_of(text) < indent or looked >= _LINES_AFTER:
+            return False
+        looked += 1
+        for test in _FINITENESS_TEST.finditer(stripped):
+            if names & set(_NAME.findall(_call_argument(stripped, test.end()))):
+                return True
+    return False
+
+
+# Words of a read line that name no value tested after it.
+_NOT_VALUES = frozenset({"item", "tolist", "numpy", "float", "detach", "cpu", "print", "math", "np", "torch", "self",
+                         "if", "not", "and", "or", "is", "in", "None", "True", "False"})
+
+
+def _call_argument(text: str, start: int) -> str:
+    """The text of a call's argument, from just after its `(` to the matching `)`."""
+    depth = 1
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i]
+    return text[start:]
 
 
 _BRANCH = ("if ", "elif ", "while ")

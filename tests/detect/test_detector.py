@@ -251,7 +251,7 @@ class TestNoFalseAlarms:
         assert not detect(build_on_meta).stopped
 
     @staticmethod
-    def _skipping_bad_batches(read_to_test: bool):
+    def _skipping_bad_batches(read_to_test: bool, assigned_first: bool = False):
         """Batches whose targets are all padding make a 0/0 loss; the loop reads it."""
         head = torch.nn.Linear(3, 1)
         opt = torch.optim.SGD(head.parameters(), lr=0.1)
@@ -261,7 +261,11 @@ class TestNoFalseAlarms:
             for step in range(3):
                 weight = torch.zeros(4) if step == 1 else torch.ones(4)
                 loss = (head(torch.ones(4, 3)).squeeze(1) * weight).sum() / weight.sum()
-                if read_to_test:
+                if read_to_test and assigned_first:
+                    value = loss.item()  # read first, tested on the next line
+                    if not math.isfinite(value):
+                        continue
+                elif read_to_test:
                     if not math.isfinite(loss.item()):
                         continue  # skip the batch: the NaN is discarded on purpose
                 else:
@@ -272,8 +276,9 @@ class TestNoFalseAlarms:
 
         return detect(train)
 
-    def test_a_loss_read_to_test_its_finiteness_and_skipped_is_discarded(self):
-        result = self._skipping_bad_batches(read_to_test=True)
+    @pytest.mark.parametrize("assigned_first", [False, True])
+    def test_a_loss_read_to_test_its_finiteness_and_skipped_is_discarded(self, assigned_first):
+        result = self._skipping_bad_batches(read_to_test=True, assigned_first=assigned_first)
         assert not result.stopped and result.detector.state.step == 2
 
     def test_near_miss_a_non_finite_loss_read_to_be_logged_stops_the_run(self):

@@ -80,3 +80,40 @@ def test_a_read_in_a_branch_a_finiteness_test_guards_is_read_to_be_discarded(lin
     from nandoctor.detect.provenance import _guarded_by_a_finiteness_test
 
     assert _guarded_by_a_finiteness_test(GUARDED.splitlines(keepends=True), line) is guarded
+
+
+TESTED_AFTER = """for i in range(100):
+    loss = model(x)
+    value = loss.item()
+    if not math.isfinite(value):
+        continue
+    avg = 0.98 * avg + 0.02 * loss.item()
+    smooth = avg / (1 - 0.98 ** (i + 1))
+    if not math.isfinite(loss.item()):
+        break
+    other = norm.item()
+    if math.isnan(value):
+        pass
+    late = loss.item()
+    a = 1
+    b = 2
+    c = 3
+    if math.isinf(late):
+        pass
+    print(norm.item())
+if not math.isfinite(norm.item()):
+    pass
+"""
+
+
+@pytest.mark.parametrize("line, tested", [
+    (3, True),  # `value = loss.item()`, then `if not math.isfinite(value):`
+    (6, True),  # a running average of `loss.item()`, before `if not math.isfinite(loss.item()):`
+    (10, False),  # `other = norm.item()`: the next test is of another value
+    (13, False),  # tested, but only after more lines than a check right after a read
+    (19, False),  # tested after the block it was read in ended
+])
+def test_a_read_whose_value_the_next_lines_test_is_read_to_be_checked(line, tested):
+    from nandoctor.detect.provenance import _tested_right_after
+
+    assert _tested_right_after(TESTED_AFTER.splitlines(keepends=True), line) is tested
