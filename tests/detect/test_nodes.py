@@ -335,3 +335,24 @@ def test_what_is_kept_of_the_leaves_accumulators_does_not_grow_with_the_steps():
 
     assert not detect(train).stopped
     assert max(sizes) <= 2  # weight's and bias's, of the last step
+
+
+def test_a_backward_whose_every_node_goes_non_finite_hooks_the_leaves_once(monkeypatch):
+    """An integrator's rollout that overflowed makes every node of its long graph
+    non-finite: the leaves' accumulators are hooked on the first, not searched for again
+    on each (a walk of the whole graph per node made such a backward quadratic)."""
+    from nandoctor.detect import nodes
+
+    walks = []
+    real = nodes._grad_fns
+    monkeypatch.setattr(nodes, "_grad_fns", lambda roots: walks.append(roots) or real(roots))
+    k = torch.nn.Parameter(torch.tensor(2.0))
+
+    def rollout():
+        s = torch.tensor([1.0, 0.0])
+        for _ in range(50):
+            s = s + 0.1 * torch.stack([s[1], -k * s[0]])
+        torch.sqrt((s * 0).sum()).backward()  # sqrt'(0) = inf: every node behind it goes non-finite
+
+    assert detect(rollout).stopped
+    assert len(walks) <= 2  # (the nodes to hook, once; the leaves, once)
