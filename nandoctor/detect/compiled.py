@@ -90,19 +90,21 @@ def compile_wrapper(original_compile):
             return lambda fn: compile(fn, **kwargs)
         compiled = original_compile(model, **kwargs)
         name = _name_of(model)
+        # What the region is without Dynamo (the replay runs that: see `compiled_call`).
+        eager = model.__call__ if isinstance(model, torch.nn.Module) else model
         if isinstance(compiled, torch.nn.Module):  # an OptimizedModule: its forward is the region
-            compiled.forward = _region(compiled.forward, name)
+            compiled.forward = _region(compiled.forward, name, eager)
             return compiled
-        return functools.wraps(compiled)(_region(compiled, name))
+        return functools.wraps(compiled)(_region(compiled, name, eager))
 
     return compile
 
 
-def _region(fn, name: str):
+def _region(fn, name: str, eager):
     def compiled_region(*args, **kwargs):
         if compiling() or not _OBSERVERS:  # traced inside an outer region, or nobody watching
             return fn(*args, **kwargs)
-        return _OBSERVERS[-1].compiled_call(fn, name, args, kwargs)
+        return _OBSERVERS[-1].compiled_call(fn, name, args, kwargs, eager)
 
     return compiled_region
 

@@ -822,9 +822,13 @@ class Detector(Observer):
             self.read_flags()
         return True
 
-    def compiled_call(self, fn, name: str, args, kwargs):
+    def compiled_call(self, fn, name: str, args, kwargs, eager=None):
+        if self.eager_compiled and eager is not None:
+            # The replay runs the region's code itself, every op checked: not through Dynamo,
+            # which under a dispatch mode runs it eagerly, or with fullgraph=True refuses to.
+            return eager(*args, **kwargs)
         if self.passive or self.eager_compiled:
-            return fn(*args, **kwargs)  # with the mode on, Dynamo runs it eagerly: every op checked
+            return fn(*args, **kwargs)
         self._last_compiled = name
         with _ModeFullyOff(self):  # the user's graphs compile and run as in plain python
             out = fn(*args, **kwargs)

@@ -189,8 +189,9 @@ class Observer:
         plain values under functorch's wrappers."""
         self.state.transforms.add(what)
 
-    def compiled_call(self, fn, name: str, args, kwargs):
-        """Call `fn`, a function or module `name` compiled with torch.compile (see compiled.py)."""
+    def compiled_call(self, fn, name: str, args, kwargs, eager=None):
+        """Call `fn`, a function or module `name` compiled with torch.compile (see compiled.py);
+        `eager` is the same code without Dynamo."""
         return fn(*args, **kwargs)
 
     def runtime_code(self) -> list:

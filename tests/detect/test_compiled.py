@@ -26,10 +26,10 @@ class Net(torch.nn.Module):
         return self.b(h)
 
 
-def _train(broken: bool = False, steps: int = 3):
+def _train(broken: bool = False, steps: int = 3, **compile_args):
     torch.manual_seed(0)
     model = Net(broken)
-    compiled = torch.compile(model, backend="aot_eager")
+    compiled = torch.compile(model, backend="aot_eager", **compile_args)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 8), torch.randn(32, 1)
     for _ in range(steps):
@@ -113,9 +113,12 @@ def test_a_nonfinite_output_of_compiled_code_is_named_and_sent_to_the_eager_repl
     assert found.detection.needs_replay
 
 
-def test_run_eagerly_as_the_replay_does_the_op_inside_the_compiled_code_is_found():
+@pytest.mark.parametrize("compile_args", [{}, {"fullgraph": True}], ids=["default", "fullgraph"])
+def test_run_eagerly_as_the_replay_does_the_op_inside_the_compiled_code_is_found(compile_args):
+    # (The replay runs the model's own code, not Dynamo under the mode: with fullgraph=True
+    # Dynamo refuses to run a frame it cannot compile.)
     torch._dynamo.reset()
-    found = detect(lambda: _train(broken=True), eager_compiled=True)
+    found = detect(lambda: _train(broken=True, **compile_args), eager_compiled=True)
     assert found.stopped
     root = found.detection.root
     assert root.op == "aten.log.default"
