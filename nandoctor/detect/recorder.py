@@ -308,10 +308,15 @@ class Recorder:
         return self.records.get(t) or self.bare(op, t, phase)
 
     def carry(self, args, out) -> None:
-        """A view/copy/index of a recorded non-finite tensor carries its record along."""
-        source = next(filter(None, (self.records.get(a) for a in tensors_of(args))), None)
-        if source is None:
+        """A view/copy/index of a recorded non-finite tensor carries its record along. Of
+        several (`cat`, `stack`), a value made by accident before one written on purpose
+        (the NaN of a softmax over a fully masked row, concatenated with a -inf max-pool of
+        the same empty sequence), the first made of them."""
+        recorded = [r for r in map(self.records.get, tensors_of(args)) if r is not None]
+        if not recorded:
             return
+        made = [r for r in recorded if not r.intended]
+        source = min(made, key=lambda r: r.order) if made else recorded[0]
         if _selects_by_mask(args) and isinstance(out, torch.Tensor) and all_finite(out):
             _mark_births(source, "masked")  # `snr[~torch.isnan(snr)]`: the non-finite values were left out
             return

@@ -1247,6 +1247,39 @@ class TestMasksOverValuesMadeByAccident:
         assert not result.stopped
 
 
+class TestConcatenatedFeatures:
+    """Features pooled from one sequence are concatenated before the classifier: the -inf
+    max-pool of an empty sequence (written on purpose by its mask) beside the NaN its
+    attention pool made. The lineage follows the value made by accident to its op."""
+
+    @staticmethod
+    def _pooled_classifier(empty_sequence: bool):
+        torch.manual_seed(0)
+        score, out = torch.nn.Linear(4, 1), torch.nn.Linear(8, 2)
+        h = torch.randn(3, 5, 4)
+        valid = torch.ones(3, 5, dtype=torch.bool)
+        if empty_sequence:
+            valid[1] = False
+        else:
+            valid[1, 1:] = False
+
+        def classify():
+            max_pool = h.masked_fill(~valid[..., None], float("-inf")).max(dim=1).values
+            s = score(h).squeeze(-1).masked_fill(~valid, float("-inf"))
+            att = (torch.softmax(s, dim=1)[..., None] * h).sum(1)  # MARK-att-pool
+            logits = out(torch.cat([max_pool, att], dim=-1))
+            torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 0])).backward()
+
+        return classify
+
+    def test_an_empty_sequence_is_rooted_at_its_attention_softmax_not_the_classifier(self):
+        d = detect(self._pooled_classifier(empty_sequence=True)).detection
+        assert d.root.op == "aten._softmax.default" and d.root.location.line == line_of("MARK-att-pool")
+
+    def test_near_miss_a_sequence_with_one_valid_token_is_clean(self):
+        assert not detect(self._pooled_classifier(empty_sequence=False)).stopped
+
+
 class TestSentinels:
     """An infinity the script writes as a starting value — the best loss so far, the start of
     a running max — is written on purpose, however it enters torch: it may be read back and
