@@ -5,6 +5,8 @@ they see in a user's run.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -588,6 +590,43 @@ class TestExpAndOverflow:
     def test_near_miss_an_op_without_a_pole_that_overflows_stays_an_overflow(self):
         cause = cause_of(lambda: torch.tensor([10.0]) ** torch.tensor([40.0]))
         assert cause.id == "float_overflow"
+
+
+class TestSpecialFunctions:
+    def test_a_bessel_function_past_float32s_range_is_an_exp_overflow_fixed_in_log_space(self):
+        # A von Mises NLL's normaliser log(2π I0(κ)) with a concentration fit to tight data.
+        kappa = torch.tensor([2.0, 120.0], requires_grad=True)
+        cause = cause_of(lambda: torch.log(2 * math.pi * torch.special.i0(kappa)).sum().backward())
+        assert cause.id == "exp_overflow" and "i0e" in cause.fix and "VonMises" in cause.fix
+
+    def test_near_miss_the_exponentially_scaled_form_stays_finite(self):
+        kappa = torch.tensor([2.0, 120.0], requires_grad=True)
+        assert not detect(lambda: (torch.log(torch.special.i0e(kappa)) + kappa).sum().backward()).stopped
+
+    def test_svd_vectors_of_a_low_rank_matrix_have_an_undefined_gradient(self):
+        # Orthogonal Procrustes through a layer that starts at zero: H has rank 1.
+        w = torch.nn.Parameter(torch.zeros(4, 3))
+
+        def procrustes():
+            a = torch.randn(8, 4)
+            h = (a @ w + 1.0).T @ a
+            u, _, vh = torch.linalg.svd(h, full_matrices=False)
+            (u @ vh).sum().backward()
+
+        cause = cause_of(procrustes)
+        assert cause.id == "div_by_zero" and "repeated singular values" in cause.title and "svdvals" in cause.fix
+
+    def test_near_miss_svd_of_a_full_rank_matrix_has_a_finite_gradient(self):
+        w = torch.nn.Parameter(torch.randn(4, 3))
+
+        def procrustes():
+            torch.manual_seed(0)
+            a = torch.randn(8, 4)
+            h = (a @ w).T @ a
+            u, _, vh = torch.linalg.svd(h, full_matrices=False)
+            (u @ vh).sum().backward()
+
+        assert not detect(procrustes).stopped
 
 
 class TestRootsAndDomains:

@@ -590,6 +590,48 @@ def domain_asin_acos(ev: Evidence) -> Cause | None:
     )
 
 
+@op_rule("i0", "special_i0", "special_i1", "special_modified_bessel_i0", "special_modified_bessel_i1")
+def bessel_overflow(ev: Evidence) -> Cause | None:
+    """I0 and I1 grow like e^x / sqrt(2 pi x): a von Mises concentration or a Rician
+    amplitude past about 90 overflows float32 (713 in float64: a wider dtype only moves
+    the edge). Their exponentially scaled forms stay finite."""
+    x = ev.input("self") or ev.first_input()
+    if not ev.made_inf() or x is None or x.max is None:
+        return None
+    scaled = {"special_i1": "torch.special.i1e", "special_modified_bessel_i1": "torch.special.i1e"}.get(
+        ev.op, "torch.special.i0e")
+    return Cause(
+        "exp_overflow",
+        f"{ev.op} overflow: the modified Bessel function grows like exp(x)",
+        f"At {ev.where} ({ev.code}) `{ev.op}` of inputs up to {fmt(x.max)} is beyond {ev.dtype}'s range "
+        f"({_out(ev)}): I0 and I1 grow like e^x / sqrt(2πx), past about 90 in float32 and 713 in float64, so a "
+        "wider dtype only moves the edge (a von Mises concentration that grows as it fits tight data).",
+        f"Work in log space with the exponentially scaled form: `log I(x) = torch.log({scaled}(x)) + x` "
+        "(finite for any x), or use `torch.distributions.VonMises`, whose log_prob does so.",
+    )
+
+
+@op_rule(nodes=("LinalgSvdBackward", "SvdBackward", "LinalgEighBackward", "SymeigBackward", "LinalgEigBackward"))
+def repeated_spectrum_backward(ev: Evidence) -> Cause | None:
+    """The gradient through singular vectors (eigenvectors) divides by the differences of
+    the squared singular values (eigenvalues): 0 where two are equal, as they are in a
+    matrix of low rank (a zero-initialised layer makes many zero singular values)."""
+    vectors = "eigenvectors" if "Eig" in (ev.node or "") or "Symeig" in (ev.node or "") else "singular vectors"
+    values = "eigenvalues" if vectors == "eigenvectors" else "singular values"
+    return Cause(
+        "div_by_zero",
+        f"gradient through {vectors} at repeated {values}",
+        f"The forward line {ev.where} ({ev.code}) differentiates through the {vectors} of a matrix with repeated "
+        f"{values}: their gradient divides by the differences of the {values} (squared), 0 for a repeated pair "
+        f"({_out(ev)}). A matrix of low rank has many equal (zero) {values}: a zero-initialised layer, a rank-deficient "
+        "batch, an identity.",
+        f"Differentiate only through what is defined: the {values} alone (`torch.linalg.svdvals`, "
+        "`torch.linalg.eigvalsh`); keep the matrix full rank (initialise the layer away from zero, add a small "
+        f"`eps * torch.eye(n)`); or, for an orthogonal projection (Procrustes), accept that the {vectors} of equal "
+        f"{values} are not unique and stop the gradient through them (`.detach()`).",
+    )
+
+
 @op_rule(nodes=("Atan2Backward",))
 def atan2_zero_backward(ev: Evidence) -> Cause | None:
     return Cause(
