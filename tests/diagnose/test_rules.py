@@ -129,10 +129,14 @@ class TestLogNonpositive:
         cause = cause_of(lambda: torch.log(1 - torch.tensor([0.5, 1.0])))
         assert "rounds" not in cause.explanation and "logsigmoid" not in cause.fix
 
-    def test_log_of_one_minus_a_saturated_sigmoid_points_at_log_sigmoid(self):
-        logits = torch.nn.Parameter(torch.tensor([2.0, 20.0]))  # sigmoid(20) is 1.0 in float32
+    @pytest.mark.parametrize("dtype, logit, above", [(torch.float32, 20.0, "about 17 is 1.0 in float32"),
+                                                     (torch.bfloat16, 7.0, "about 6 is 1.0 in bfloat16")])
+    def test_log_of_one_minus_a_saturated_sigmoid_points_at_log_sigmoid(self, dtype, logit, above):
+        # sigmoid(20) is 1.0 in float32; in bfloat16 already sigmoid(7) is (8 bits of mantissa).
+        logits = torch.nn.Parameter(torch.tensor([2.0, logit], dtype=dtype))
         cause = cause_of(lambda: torch.log(1 - torch.sigmoid(logits)))
-        assert "`1 - p`" in cause.explanation and cause.fix.startswith("Compute it in log space (`F.logsigmoid")
+        assert "`1 - p`" in cause.explanation and above in cause.explanation
+        assert cause.fix.startswith("Compute it in log space (`F.logsigmoid")
 
     def test_log_of_a_running_sum_of_exps_that_underflowed_points_at_logcumsumexp(self):
         risk = torch.nn.Parameter(torch.tensor([-700.0, -800.0]))  # a Cox risk set's scores

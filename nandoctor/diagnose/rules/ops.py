@@ -64,7 +64,7 @@ def log_nonpositive(ev: Evidence) -> Cause | None:
     underflow = (f" The input comes from `{source}`: its exact zeros are where a logit was -inf (a mask) or where "
                  "it underflowed." if source and "softmax" in source.lower() else "")
     rounded = _rounded_to_zero(x.dtype) if zeros and lower == 0.0 else ""
-    saturated, in_log_space = _saturated(source, ev.code) if zeros and lower == 0.0 else ("", None)
+    saturated, in_log_space = _saturated(source, ev.code, ev.dtype) if zeros and lower == 0.0 else ("", None)
     inside = (f" the gradient of `{ev.forward_op}` takes {ev.op} of its input, infinite at 0 where "
               f"`{ev.forward_op}` itself is finite" if ev.node else "")
     return Cause(
@@ -87,7 +87,12 @@ _LOG_OF_SOFTMAX_FIX = (
     "looks. Clamping (`torch.log(p.clamp_min(1e-7))`) only hides the underflow.")
 
 
-def _saturated(source: str | None, code: str | None) -> tuple[str, str | None]:
+# The logit above which a sigmoid rounds to exactly 1.0: 1 - 2**-mantissa bits, logit =
+# mantissa * ln 2 (bfloat16 keeps 8 bits, float16 11, float32 24, float64 53).
+_SIGMOID_ONE_ABOVE = {"bfloat16": 6, "float16": 8, "float32": 17, "float64": 37}
+
+
+def _saturated(source: str | None, code: str | None, dtype: str = "float32") -> tuple[str, str | None]:
     """A log of `1 - p`, of a sigmoid or of a sum of exps: a value that saturated or
     underflowed, not a bad one. (What to say of it, and the log-space form to use when it
     is not log-sigmoid's.)"""
@@ -100,7 +105,8 @@ def _saturated(source: str | None, code: str | None) -> tuple[str, str | None]:
                 "(`torch.logcumsumexp(x, dim)` for a running sum, as a Cox risk set), which never forms the exps")
     if source.startswith("Rsub"):
         return (" The input is `1 - p`: it is exactly 0 where p is 1, as a probability that saturated is (a sigmoid "
-                "of a logit above about 17 is 1.0 in float32).", None)
+                f"of a logit above about {_SIGMOID_ONE_ABOVE.get(dtype, 17)} is 1.0 in "
+                f"{dtype if dtype in _SIGMOID_ONE_ABOVE else 'float32'}).", None)
     if source.startswith("Sigmoid"):
         return (" The input comes from a sigmoid: it is exactly 0 where the logit was below about -88 (float32 "
                 "underflows).", None)
