@@ -124,9 +124,12 @@ class BatchChecks:
 
     def _entered_earlier(self, samples: list[torch.Tensor]):
         """The earliest record a bad sample carries from before this batch: the tensor the
-        dataset slices entered torch non-finite (from_numpy, torch.tensor) or an op made it."""
-        carried = [r for r in map(self.recorder.records.get, samples) if r is not None and not r.intended]
-        return min(carried, key=lambda r: r.order, default=None)
+        dataset slices entered torch non-finite (from_numpy, torch.tensor) or an op made it;
+        else an Inf written on purpose that `__getitem__` passed on (`t[never] = inf` in
+        `__init__`, then `log(t[i])`): a sentinel used as data."""
+        carried = [r for r in map(self.recorder.records.get, samples) if r is not None]
+        made = [r for r in carried if not r.intended]
+        return min(made or carried, key=lambda r: r.order, default=None)
 
 
 def _own_collate(collate) -> bool:

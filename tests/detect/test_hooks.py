@@ -195,6 +195,50 @@ def test_near_miss_a_sample_bad_on_every_read_is_found_at_its_op_not_called_flak
     assert root.op == "aten.div.Tensor" and not root.facts.batch.refetched_finite
 
 
+class _ChurnTimes(Dataset):
+    """Times to churn; a customer who never churned has +inf, written on purpose in
+    __init__ (in the main process); __getitem__ regresses log(time), or caps it first."""
+
+    def __init__(self, capped: bool):
+        g = torch.Generator().manual_seed(3)
+        self.x = torch.randn(64, 4, generator=g)
+        t = torch.rand(64, generator=g) * 10 + 0.1
+        t[torch.arange(64) % 5 == 0] = float("inf")  # MARK-never-churned
+        self.t, self.capped = t, capped
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        t = self.t[i].clamp(max=1e3) if self.capped else self.t[i]
+        return self.x[i], torch.log(t)
+
+
+def _churn_training(capped: bool):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, log_t in DataLoader(_ChurnTimes(capped), batch_size=16, num_workers=2):
+        loss = ((model(x).squeeze(1) - log_t) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_an_inf_marker_the_dataset_wrote_and_passed_on_into_a_batch_is_named_where_it_was_written():
+    import inspect
+
+    lines, first = inspect.getsourcelines(_ChurnTimes.__init__)
+    marker = first + next(i for i, text in enumerate(lines) if "MARK-never-churned" in text)
+    root = detect(lambda: _churn_training(capped=False)).detection.root
+    assert root.phase == "data" and root.facts.batch is not None
+    assert root.facts.inf_written_at is not None and root.facts.inf_written_at.line == marker
+
+
+def test_near_miss_the_marker_capped_in_getitem_trains_clean():
+    assert not detect(lambda: _churn_training(capped=True)).stopped
+
+
 class _RandomCrops(Dataset):
     """A random crop of 4 from a row whose first 8 values are 0, normalised by its max: a
     crop inside that dark band is 0/0. The crop is drawn from torch's, numpy's or Python's

@@ -162,6 +162,18 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
                  "from one fetch to the next — a random transform (crop, augmentation) that sometimes gives a "
                  "constant or empty image, state inside the worker processes, or data that changed."
                  if batch.refetched_finite else "")
+        sentinel = words.inf_source(ev.facts)
+        if sentinel:  # an Inf the dataset wrote on purpose, passed on into the batch
+            return Cause(
+                "nonfinite_input_data",
+                "a value the dataset wrote on purpose as ±inf reached a batch",
+                f"{where} holds {_bad(out)} before any model op ran{samples}. The Inf was written on purpose at "
+                f"{sentinel}, as a marker (never observed, no upper bound, missing), and the Dataset's "
+                "`__getitem__` passed it on into the batch: the marker is used as a value (a target, a feature).",
+                "Keep the marker out of what the model sees: return a flag with the sample and mask those samples "
+                "out of the loss (censored times in a survival loss), or replace the marker before it leaves the "
+                "Dataset (a finite cap, a separate indicator feature).",
+            )
         return Cause(
             "nonfinite_input_data",
             "a batch arrived from the DataLoader already non-finite",
