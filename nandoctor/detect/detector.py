@@ -44,7 +44,7 @@ from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
                                       refuses_values, raised_at, speaks_of_nonfinite)
-from nandoctor.detect.policy import HANDLES_OVERFLOW, an_overflow, op_verdict
+from nandoctor.detect.policy import HANDLES_NONFINITE, an_overflow, op_verdict
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.regions import ModuleRegions
@@ -443,21 +443,30 @@ class Detector(Observer):
     def carry(self, args, out) -> None:
         self.recorder.carry(args, out)
 
-    def absorbed(self, func, args) -> None:
+    def absorbed(self, func, args, node=None) -> None:
         """A checked op made only finite values (see `Recorder.absorbed`). Per op while
         records exist (a mask's, every step): a lookup, and nandoctor's own ops only for an
-        input that holds a value made by accident. A float16 overflow absorbed by an op
-        that does not handle it stops the run where it overflowed (see `an_overflow`)."""
+        input that holds a value made by accident. Unless the op handles non-finite values
+        (`nan_to_num`, `isnan`, `nanmean`): a float16 overflow it absorbs stops the run where
+        it overflowed (see `an_overflow`); a NaN it turns into finite values in forward (a
+        cast to integers gives -2**63, a sampling grid clips it to the border) stops it
+        there: what follows computes with values that no longer show it."""
         made = [(t, r) for t in tensors_of(args) if (r := self.records.get(t)) is not None and not r.intended]
         if not made:
             return
         with self.internal():
             self.recorder.absorbed(made)
-        if base_name(func) not in HANDLES_OVERFLOW:
-            for _, record in made:
-                born = birth_of(record)
-                if born.overflow:
-                    self.stop(born, StopReason.OP_MADE_NAN if born.has_nan else StopReason.OP_MADE_INF)
+            name = base_name(func)
+            if name in HANDLES_NONFINITE:
+                return
+            hidden = node is None and next((r for t, r in made if r.has_nan and not _born_as_a_metric(r)
+                                            and bool(torch.isnan(t).any())), None)
+        for _, record in made:
+            born = birth_of(record)
+            if born.overflow:
+                self.stop(born, StopReason.OP_MADE_NAN if born.has_nan else StopReason.OP_MADE_INF)
+        if hidden:
+            self.stop(hidden, StopReason.NAN_HIDDEN, hidden_by=f"aten.{name}")
 
     def filled(self, args, out: torch.Tensor) -> None:
         """A fill, `where` or clamp touched a tensor with a record (rare): its output carries
@@ -945,7 +954,7 @@ class Detector(Observer):
 
     # -- stopping ------------------------------------------------------------------------
 
-    def stop(self, event: Record, reason: StopReason, needs_replay: bool = False) -> None:
+    def stop(self, event: Record, reason: StopReason, needs_replay: bool = False, hidden_by: str | None = None) -> None:
         """Stop the run at `event`: explain it (root, lineage) and raise into the script."""
         suspects: list[Record] = []
         born = birth_of(event)
@@ -982,7 +991,8 @@ class Detector(Observer):
             # backward op by op.
             needs_replay = True
         self.passive = True
-        self.detection = self._explain(event, reason, needs_replay=needs_replay, flagged_suspects=suspects)
+        self.detection = self._explain(event, reason, needs_replay=needs_replay, flagged_suspects=suspects,
+                                       hidden_by=hidden_by)
         raise NonFiniteFound(reason.value)
 
 

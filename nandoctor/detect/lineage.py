@@ -16,7 +16,7 @@ from nandoctor.detect.result import Detection, Site, StopReason
 
 def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record], locator: SourceLocator,
             needs_replay: bool = False, flagged_suspects: list[Record] = (), refused_by: str | None = None,
-            forward_by_line: dict[tuple, Record] | None = None) -> Detection:
+            forward_by_line: dict[tuple, Record] | None = None, hidden_by: str | None = None) -> Detection:
     chain = _ancestry(event, forward_by_node, forward_by_line or {})
     _update_work(chain)
     root = chain[-1]
@@ -31,7 +31,8 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
     sites = [site_of(r, locator) for r in chain]
     needs_replay = needs_replay or root.facts.written_by_optimizer or root.facts.device_flag is not None
     return Detection(reason=reason, event=sites[-1], root=sites[0], lineage=sites, needs_replay=needs_replay,
-                     flagged_suspects=[site_of(r, locator) for r in flagged_suspects], refused_by=refused_by)
+                     flagged_suspects=[site_of(r, locator) for r in flagged_suspects], refused_by=refused_by,
+                     hidden_by=hidden_by)
 
 
 def _ancestry(event: Record, forward_by_node: dict[int, Record], forward_by_line: dict[tuple, Record]

@@ -206,7 +206,7 @@ class CheckingMode(TorchDispatchMode):
             elif inplace and d.records:
                 d.filled(args, out)  # overwritten with finite values, maybe not all of them
             elif d.records:
-                d.absorbed(func, args)  # (exp(-inf) = 0: a recorded Inf went in, none came out)
+                d.absorbed(func, args, node)  # (exp(-inf) = 0: a recorded Inf went in, none came out)
             return
         if out is None and is_inplace(func) and args:  # _foreach_*_ ops return nothing
             out = args[0]

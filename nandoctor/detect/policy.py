@@ -40,8 +40,10 @@ def an_overflow(phase: str, has_inf: bool, dtype, stop_inf_dtypes) -> bool:
     return has_inf and phase != "backward" and dtype in stop_inf_dtypes
 
 
-# Ops that handle an overflow they are handed: replace it, or test for it.
-HANDLES_OVERFLOW = frozenset({
+# Ops that handle a non-finite value they are handed: replace it, test for it, or skip it
+# (the NaN-aware reductions).
+HANDLES_NONFINITE = frozenset({
     "nan_to_num", "nan_to_num_", "isinf", "isnan", "isfinite", "isposinf", "isneginf",
     "eq", "ne", "lt", "le", "gt", "ge", "signbit",
+    "nansum", "nanmean", "nanmedian", "nanquantile", "fmax", "fmin",
 })

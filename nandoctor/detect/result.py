@@ -62,6 +62,7 @@ class StopReason(enum.Enum):
     STATE_EXPORTED = "state_exported"  # a module's state_dict() handed out a non-finite parameter or buffer
     OPTIMIZER_SETTING = "optimizer_setting"  # a param group's lr (momentum, ...) is non-finite before the step
     MONITORED_METRIC = "monitored_metric"  # ReduceLROnPlateau or EarlyStopping was given a non-finite metric
+    NAN_HIDDEN = "nan_hidden"  # an op turned a NaN into finite values (an integer cast, a clipped grid)
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,7 @@ class Detection:
     # Ops whose device flags saw a non-finite value this step: the candidates while no replay ran.
     flagged_suspects: list[Site] = field(default_factory=list)
     refused_by: str | None = None  # OP_REFUSED: the op that raised over the event's value
+    hidden_by: str | None = None  # NAN_HIDDEN: the op that turned the event's NaN into finite values
 
 
 @dataclass(frozen=True)

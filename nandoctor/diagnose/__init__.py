@@ -35,6 +35,8 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
             report.error = {"type": type(error).__name__, "message": error_message(error)}
             report.notes.append(words.refused(detection.refused_by, error) if detection.reason is StopReason.OP_REFUSED
                                 else words.raised_over(error))
+        if detection.reason is StopReason.NAN_HIDDEN:
+            report.notes.append(words.hidden(detection.hidden_by))
         if detection.flagged_suspects:
             report.notes.append("device flags saw a non-finite value this step in: "
                                 + "; ".join(words.site_brief(s) for s in detection.flagged_suspects))

@@ -52,6 +52,8 @@ _STOP_REASONS = {
     StopReason.READ_BACK: "the script read a non-finite value back (.item(), .tolist(), .numpy() or print)",
     StopReason.SCRIPT_RAISED: "the script checked this value itself and raised an error over it",
     StopReason.OP_REFUSED: "the op it went into raised an error over it",
+    StopReason.NAN_HIDDEN: "an op turned the NaN into finite values that no longer show it (see the note): what "
+                           "follows computes with them",
     StopReason.OPTIMIZER_SETTING: "the optimizer's learning rate (or another setting of a param group) is "
                                   "non-finite before its step: every update it makes is NaN",
     StopReason.MONITORED_METRIC: "training follows it (ReduceLROnPlateau, EarlyStopping): a NaN metric never "
@@ -113,6 +115,18 @@ def discarded_notes(discarded: list[Discarded], listed: int = DISCARDED_LISTED) 
 def _discarded_site(d: Discarded) -> str:
     where = f" at {d.location}" if d.location else ""
     return f"{d.op or 'a value entering torch'}{where} ({'NaN' if d.made == 'nan' else 'Inf'}, {times(d.count)})"
+
+
+def hidden(op: str | None) -> str:
+    """What an op that turned a NaN into finite values made of it."""
+    name = (op or "an op").removeprefix("aten.")
+    how = {"_to_copy": "a cast to an integer type turns NaN into an arbitrary integer (-9223372036854775808 for "
+                       "int64: a class label that indexes out of range, a count of garbage)",
+           "grid_sampler_2d": "a sampling grid's NaN coordinates are clipped to the border (or read as zeros): the "
+                              "output looks fine, and backward through it is undefined (it can crash)",
+           "grid_sampler_3d": "a sampling grid's NaN coordinates are clipped to the border (or read as zeros)"}.get(
+        name, "its output is finite where its input was NaN")
+    return f"`{name}` took the NaN above and made finite values of it: {how}."
 
 
 def refused(op: str | None, error: BaseException) -> str:

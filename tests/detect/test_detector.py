@@ -1247,6 +1247,56 @@ class TestMasksOverValuesMadeByAccident:
         assert not result.stopped
 
 
+class TestNanHidden:
+    """An op that turns a NaN into finite values hides it: a cast to integers (a missing
+    class label read from a CSV as NaN becomes -2**63), a sampling grid that clips NaN
+    coordinates to the border. The run stops there, rooted where the NaN was made; an op
+    that handles NaN (`nan_to_num`, `isnan`, `nanmean`) does not hide it, it handles it."""
+
+    @staticmethod
+    def _labels(handled: bool):
+        import numpy as np
+
+        y = (np.arange(20) % 2).astype("float32")
+        y[7] = np.nan  # a missing label
+
+        def read():
+            labels = torch.from_numpy(y)  # MARK-labels-entered
+            return (torch.nan_to_num(labels, nan=0.0) if handled else labels).long()
+
+        return read
+
+    def test_a_nan_label_cast_to_integers_stops_rooted_where_it_entered(self):
+        result = detect(self._labels(handled=False))
+        assert result.stopped and result.detection.reason is StopReason.NAN_HIDDEN
+        assert result.detection.hidden_by == "aten._to_copy"
+        assert result.detection.root.location.line == line_of("MARK-labels-entered")
+
+    def test_near_miss_labels_whose_nan_is_replaced_first_cast_clean(self):
+        assert not detect(self._labels(handled=True)).stopped
+
+    @pytest.mark.parametrize("padding", ["border", "zeros"])
+    def test_a_nan_sampling_grid_clipped_to_the_border_stops_at_its_division(self, padding):
+        # Pixel coordinates normalised by (W - 1) on a 1-pixel-wide level: 0/0.
+        image = torch.nn.Parameter(torch.randn(1, 1, 4, 1))
+
+        def warp():
+            w = image.shape[-1]
+            gx = 2 * torch.zeros(1, 4, 1) / (w - 1) - 1  # MARK-grid-norm
+            grid = torch.stack([gx, torch.linspace(-1, 1, 4).view(1, 4, 1)], -1)
+            read_back(torch.nn.functional.grid_sample(image, grid, padding_mode=padding, align_corners=True).sum())
+
+        result = detect(warp)
+        assert result.stopped and result.detection.root.location.line == line_of("MARK-grid-norm")
+
+    def test_near_miss_nan_aware_reductions_handle_a_nan_they_skip(self):
+        def metric():
+            x = torch.tensor([1.0, 0.0]) / torch.tensor([1.0, 0.0])  # 1, nan
+            return torch.nanmean(x)
+
+        assert not detect(metric).stopped
+
+
 class TestConcatenatedFeatures:
     """Features pooled from one sequence are concatenated before the classifier: the -inf
     max-pool of an empty sequence (written on purpose by its mask) beside the NaN its
