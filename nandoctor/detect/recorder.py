@@ -259,9 +259,11 @@ class Recorder:
         """A record for a non-finite value no op of which was seen being made. One that holds
         one infinity and nothing else is a sentinel written on purpose, wherever it comes
         from (`torch.tensor(float("inf"))`, a `best` buffer loaded from a checkpoint, a
-        running-min buffer in a `deepcopy` of the model): it carries no data."""
+        running-min buffer in a `deepcopy` of the model): it carries no data. So is a mask:
+        one infinity among copies of one constant (a causal mask built with numpy,
+        `np.triu(np.full((n, n), -np.inf), 1)`, or loaded as a buffer from a checkpoint)."""
         output = summarize(t, "value")
-        sentinel = _one_infinity_only(output)
+        sentinel = _one_infinity_only(output) or _a_mask(t, output)
         return Record(
             op=op, phase=phase, where=self.locator.user_frame(2), module=self.modules.current,
             backward_node=None, node_seq=None, step=self.state.step_or_none,
@@ -496,6 +498,19 @@ def _inputs_named(name: str, value: Any, tensor_typed: bool):
 
 def _one_infinity_only(summary: TensorSummary) -> bool:
     return summary.nan == 0 and summary.numel > 0 and summary.numel in (summary.posinf, summary.neginf)
+
+
+# Fewer elements than this are a row of data, not a mask (`torch.tensor([0.0, inf])`).
+_MASK_SIZE = 4
+
+
+def _a_mask(t: torch.Tensor, summary: TensorSummary) -> bool:
+    """One infinity (a sign, no NaN) among copies of one finite constant: an additive mask,
+    not data (data with a bad value has varied values around it)."""
+    if summary.nan or bool(summary.posinf) == bool(summary.neginf) or summary.numel < _MASK_SIZE \
+            or summary.min is None or summary.min != summary.max:
+        return False
+    return True
 
 
 def _updates_weight_by_hand(func, args, grad_enabled: bool) -> bool:

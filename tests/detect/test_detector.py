@@ -1,6 +1,7 @@
 """The detection model: what stops a run, what is only a suspect, and where the root is."""
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -1367,6 +1368,24 @@ class TestSentinels:
 
         result = detect(scaled)
         assert result.stopped and result.detection.root.location.line == line_of("MARK-sentinel")
+
+    def test_a_causal_mask_built_with_numpy_is_a_mask_in_a_buffer_and_in_a_checkpoint(self):
+        import numpy as np
+
+        class Attention(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("causal", torch.from_numpy(np.triu(np.full((6, 6), -np.inf), k=1)).float())
+
+            def forward(self, q):
+                return torch.softmax(q @ q.T + self.causal[:len(q), :len(q)], -1)
+
+        def train():
+            model = Attention()
+            read_back(model(torch.randn(5, 3)).sum())
+            torch.save(model.state_dict(), io.BytesIO())
+
+        assert not detect(train).stopped
 
     def test_near_miss_data_with_an_inf_among_finite_values_is_input_data(self):
         def load():
