@@ -60,6 +60,9 @@ _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 
 # Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
+# The innermost frames of an error whose variables may hold the value an op refused.
+_FRAMES_LOOKED_AT = 3
+
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
                       StopReason.GRADIENT_RETURNED, StopReason.READ_BACK)
 
@@ -552,6 +555,10 @@ class Detector(Observer):
             _, op, record = self._refused
             self.detection = self._explain(record, StopReason.OP_REFUSED, refused_by=op)
             return self.detection
+        held = self._held_where_it_raised(error)
+        if held is not None:  # (an op of a phase checked at its boundary: a sampler's multinomial)
+            self.detection = self._explain(held[1], StopReason.OP_REFUSED, refused_by=held[0])
+            return self.detection
         if not (speaks_of_nonfinite(error) or self.locator.tests_finiteness(raised_at(error))):
             return None
         birth = self.recorder.latest_birth()
@@ -562,6 +569,29 @@ class Detector(Observer):
             return None
         self.detection = self._explain(birth, StopReason.SCRIPT_RAISED)
         return self.detection
+
+    def _held_where_it_raised(self, error: BaseException) -> tuple[str, Record] | None:
+        """(the function, the record) of a non-finite value made by accident that the
+        innermost frames of a value error hold, as a variable or an attribute of `self`:
+        an op nandoctor did not watch refused it (`WeightedRandomSampler` draws with
+        `torch.multinomial(self.weights, ...)` while data loads, and NaN weights make it
+        raise "invalid multinomial distribution")."""
+        if not isinstance(error, (RuntimeError, ValueError, IndexError)) or not self.records:
+            return None
+        frames = []
+        tb = error.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        for frame in reversed(frames[-_FRAMES_LOOKED_AT:]):
+            owner = frame.f_locals.get("self")
+            values = [*frame.f_locals.values(), *(vars(owner).values() if hasattr(owner, "__dict__") else ())]
+            for value in values:
+                record = self.records.get(value) if isinstance(value, torch.Tensor) else None
+                if record is not None and not record.intended:
+                    name = frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
+                    return name, record
+        return None
 
     def _explain(self, event: Record, reason: StopReason, **how) -> Detection:
         """The detection of `event`: its lineage back to the root (see lineage.explain)."""

@@ -213,6 +213,35 @@ def test_near_miss_a_target_out_of_range_with_no_nan_stays_the_scripts_error(tmp
     assert "between 0 and 1" in result.report["error"]["message"]
 
 
+SAMPLER_WEIGHTS = """\
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
+confidence = np.linspace(0.5, 1.0, 40)
+confidence[7] = BAD  # a confidence the annotation file left empty (or a bad one)
+sampler = WeightedRandomSampler(weights=confidence, num_samples=40, generator=torch.Generator().manual_seed(0))
+data = TensorDataset(torch.randn(40, 3), torch.randn(40, 1))
+model = torch.nn.Linear(3, 1)
+for x, y in DataLoader(data, batch_size=8, sampler=sampler):
+    ((model(x) - y) ** 2).mean().backward()
+"""
+
+
+def test_a_nan_an_unwatched_op_refuses_while_data_loads_is_a_finding_where_it_entered(tmp_path, script):
+    # The sampler draws with torch.multinomial while the DataLoader fetches indices (no
+    # per-op checks there): NaN weights make it raise "invalid multinomial distribution".
+    script("train.py", SAMPLER_WEIGHTS.replace("BAD", "np.nan"))
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 3 and result.report["root"]["location"]["line"] == 6, result.stderr[-2000:]
+    assert any("WeightedRandomSampler" in note for note in result.report["notes"])
+
+
+def test_near_miss_a_negative_weight_the_same_op_refuses_stays_the_scripts_error(tmp_path, script):
+    script("train.py", SAMPLER_WEIGHTS.replace("BAD", "-1.0"))
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 1 and result.report["status"] == "script_error"
+
+
 def test_near_miss_an_error_about_something_else_after_a_nan_stays_the_scripts_error(tmp_path, script):
     script("train.py", GUARDED.replace("GUARD", 'if b == 1:\n        raise KeyError("vocab.json")'))
     result = run_nandoctor(["run", "train.py"], tmp_path)
