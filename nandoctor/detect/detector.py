@@ -44,7 +44,7 @@ from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
                                       refuses_values, raised_at, speaks_of_nonfinite)
-from nandoctor.detect.policy import HANDLES_NONFINITE, an_overflow, op_verdict
+from nandoctor.detect.policy import HANDLES_NONFINITE, an_overflow, op_verdict, tests_finiteness
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.regions import ModuleRegions
@@ -408,7 +408,7 @@ class Detector(Observer):
             if finite:
                 return
             record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
-        if not record.intended and not self.locator.tests_finiteness(self.locator.user_frame()) \
+        if not record.intended and not record.tested and not self.locator.tests_finiteness(self.locator.user_frame()) \
                 and not self.amp.from_scaled_gradients(record) and not _a_metric(t, record):
             self.stop(record, StopReason.READ_BACK)  # (a -inf mask or an allowed line's value may be printed)
 
@@ -461,6 +461,9 @@ class Detector(Observer):
             self.recorder.absorbed(made)
             name = base_name(func)
             if name in HANDLES_NONFINITE:
+                if tests_finiteness(name, args):
+                    for _, record in made:
+                        record.tested = True
                 return
             hidden = node is None and next((r for t, r in made if r.has_nan and not _born_as_a_metric(r)
                                             and bool(torch.isnan(t).any())), None)

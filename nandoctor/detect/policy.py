@@ -6,7 +6,9 @@
    state, or a value the script reads back (`.item()`, `.tolist()`, `.numpy()`, printing).
    A value the script discards (`torch.where`, `nan_to_num`, `nanmean`) never stops it.
 2. An op inside the optimizer step, or one that writes into a parameter or buffer, stops
-   the run at once; so does an Inf in a dtype listed in `stop_on_inf_dtypes`.
+   the run at once. An Inf in a dtype listed in `stop_on_inf_dtypes` is an overflow: it
+   stops the run where an op absorbs it unhandled (`an_overflow`), or at once with
+   `strict_overflow`.
 3. Inside backward, NaN and Inf are suspects too: autograd formulas make Inf and mask it
    (atan2 at the origin, norm at zero). What counts is a gradient still non-finite when
    `backward()` returns.
@@ -14,6 +16,8 @@
    (`# nandoctor: allow`, `run.allow`), are never roots and never stop it by themselves.
 """
 from __future__ import annotations
+
+import math
 
 from nandoctor.detect.result import StopReason
 
@@ -39,6 +43,20 @@ def an_overflow(phase: str, has_inf: bool, dtype, stop_inf_dtypes) -> bool:
     the model trains on garbage from there, with no NaN to show for it."""
     return has_inf and phase != "backward" and dtype in stop_inf_dtypes
 
+
+# Ops that test a value for finiteness.
+TESTS_FINITENESS = frozenset({"isinf", "isnan", "isfinite", "isposinf", "isneginf"})
+
+
+def tests_finiteness(name: str, args) -> bool:
+    """Does the op test its input for NaN/Inf: `isnan`, `isinf`, or how `torch.isfinite`
+    is built, `x == x` and `x.abs() != inf`?"""
+    if name in TESTS_FINITENESS:
+        return True
+    if name not in ("eq", "ne") or len(args) < 2:
+        return False
+    other = args[1]
+    return other is args[0] or isinstance(other, float) and not math.isfinite(other)
 
 # Ops that handle a non-finite value they are handed: replace it, test for it, or skip it
 # (the NaN-aware reductions).

@@ -43,6 +43,8 @@ class Record:
     # An Inf made in a dtype of `run.stop_on_inf_dtypes` (float16): an overflow, which stops
     # the run where it is absorbed into finite values unhandled (see Detector.absorbed).
     overflow: bool = False
+    # The script tested the value for finiteness (`torch.isfinite(loss)`): it knows of it.
+    tested: bool = False
     facts: SiteFacts = field(default_factory=SiteFacts)
     order: int = field(default_factory=next_order)
 

@@ -277,6 +277,25 @@ class TestNoFalseAlarms:
 
         return detect(train)
 
+    def test_a_loss_the_script_tested_and_skipped_may_be_printed_later(self):
+        # Backward first, then `if not torch.isfinite(loss): zero_grad(); continue`; the
+        # epoch's summary prints the last loss, the skipped one's Inf: the script knows of it.
+        w = torch.nn.Parameter(torch.tensor([0.5]))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def train():
+            for step in range(3):
+                loss = (torch.exp(w * (400.0 if step == 2 else 1.0)) - w).mean()
+                loss.backward()
+                if not torch.isfinite(loss):
+                    opt.zero_grad()
+                    continue
+                opt.step()
+                opt.zero_grad()
+            print(f"last loss {loss.item()}")
+
+        assert not detect(train).stopped
+
     @pytest.mark.parametrize("assigned_first", [False, True])
     def test_a_loss_read_to_test_its_finiteness_and_skipped_is_discarded(self, assigned_first):
         result = self._skipping_bad_batches(read_to_test=True, assigned_first=assigned_first)
