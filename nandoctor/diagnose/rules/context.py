@@ -12,6 +12,7 @@ from nandoctor.detect.result import OVERWRITTEN_SUFFIX
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence, count_of
 from nandoctor.diagnose.registry import context_rule, rule_for
+from nandoctor.diagnose.rules.fallback import fp16_overflow
 from nandoctor.report.model import Cause
 
 
@@ -20,9 +21,10 @@ def amp_scale_collapse(ev: Evidence) -> Cause | None:
     amp = ev.facts.amp
     if amp is None:
         return None
-    # What the op itself says, when a rule knows it: the reason the gradients stay non-finite.
+    # What the op itself says, when a rule knows it: the reason the gradients stay non-finite
+    # (a float16 overflow is every op's: autocast's cast of an input too large for it).
     op_rule = rule_for(ev)
-    op_cause = op_rule(ev) if op_rule is not None else None
+    op_cause = (op_rule(ev) if op_rule is not None else None) or fp16_overflow(ev)
     if amp.nonfinite_losses_in_a_row and op_cause is not None:
         return None  # the loss itself went non-finite: the op's own cause says why
     origin = (f"The first non-finite value in the last backward: {op_cause.title} ({op_cause.id}) at {ev.where}."
