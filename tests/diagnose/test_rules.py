@@ -759,6 +759,19 @@ class TestContext:
         assert cause.id == "div_by_zero" and "no degrees of freedom" in cause.title
         assert "correction=1" in cause.explanation and "drop_last=True" in cause.fix
 
+    def test_a_spread_per_group_prepared_up_front_over_one_row_is_a_group_of_one_not_a_short_batch(self):
+        # Per-subject z-scores computed before training: one subject has a single recording.
+        x, subject = torch.randn(5, 3), torch.tensor([0, 0, 1, 1, 2])
+
+        def standardise():
+            for s in range(3):
+                g = x[subject == s]
+                x[subject == s] = (g - g.mean(dim=0)) / g.std(dim=0)
+            return x
+
+        cause = cause_of(standardise)
+        assert "a group with a single row" in cause.explanation and "drop_last" not in cause.fix
+
     def test_a_weights_spread_over_a_fan_in_of_one_is_no_batch_of_one(self):
         w = torch.nn.Parameter(torch.randn(4, 1))  # weight standardisation of a 1-input layer
         cause = cause_of(lambda: (w - w.mean(1, keepdim=True)) / (w.std(1, keepdim=True) + 1e-5))

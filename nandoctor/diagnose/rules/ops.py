@@ -257,6 +257,9 @@ def spread_of_too_few_values(ev: Evidence) -> Cause | None:
     if count is None or correction is None or count - correction > 0:
         return None
     weight = ev.facts.parameter is not None or _a_weight(ev)
+    # Prepared before any batch (statistics per subject, class or group, computed up front):
+    # a group of one row, not a short batch.
+    grouped = not weight and ev.root.phase == "data" and ev.facts.batch is None
     return Cause(
         "div_by_zero",
         f"{ev.op} over {count} value{'s' if count != 1 else ''}: no degrees of freedom left",
@@ -264,9 +267,14 @@ def spread_of_too_few_values(ev: Evidence) -> Cause | None:
         f"with correction={correction:g}, so it divides by N - correction = {count - correction:g}: "
         f"{_out(ev)}. " + ("The values are a weight's: a dimension of size 1 (one input channel, a fan-in of 1) "
                            "has no spread." if weight else
+                           "The data is being prepared: a group with a single row (a subject, a class, a series "
+                           "recorded once) has no spread to standardise by." if grouped else
                            "Typical of a batch of one (the last, short batch of an epoch) normalised over the batch."),
         ("Use the population spread, `w.std(dim, correction=0)`, with an epsilon before dividing by it, or leave "
          "layers with a single input out of the standardisation." if weight else
+         "Handle groups of one row: skip or merge them, fall back to the whole dataset's spread for them, or use "
+         "the population spread, `g.std(dim, correction=0)`, with a floor before dividing by it "
+         "(`.clamp_min(1e-6)`)." if grouped else
          "Drop short batches (`DataLoader(..., drop_last=True)`), skip the normalisation when there is a "
          "single value, or use the population spread: `x.std(dim, correction=0)` (add an epsilon before dividing by it)."),
     )
