@@ -78,8 +78,9 @@ class BatchChecks:
         # refetch_stream(dataset, stream, batch_number, collate): an IterableDataset's batch
         # again, from a new pass over its stream; the same answer as `refetch`
         self.refetch_stream = refetch_stream
-        # refetch_as_worker(dataset, stream, batch_number, collate): a map-style batch a worker
-        # made, fetched again after the batches it fetched before; the same answer
+        # refetch_as_worker(dataset, stream, worker, batches, collate): a map-style batch a
+        # worker made (the last of `batches`), fetched again after the ones it fetched
+        # before; the same answer
         self.refetch_as_worker = refetch_as_worker
         self.worker_refetches = 0
 
@@ -116,11 +117,12 @@ class BatchChecks:
     def _as_its_worker(self, dataset, stream, batch_number: int, collate):
         """Fetched again here the batch came back finite: where a worker made it, fetch it
         again as that worker did (None when no worker did, or it cannot be)."""
-        if stream is None or stream.worker_batches(batch_number) is None \
-                or self.worker_refetches >= WORKER_REFETCHES:
+        batches = stream.worker_batches(batch_number) if stream is not None else None
+        if batches is None or self.worker_refetches >= WORKER_REFETCHES:
             return None
         self.worker_refetches += 1
-        return self.refetch_as_worker(dataset, stream, batch_number, collate if _own_collate(collate) else None)
+        worker, _ = stream.worker_of(batch_number)
+        return self.refetch_as_worker(dataset, stream, worker, batches, collate if _own_collate(collate) else None)
 
     def _entered_earlier(self, samples: list[torch.Tensor]):
         """The earliest record a bad sample carries from before this batch: the tensor the

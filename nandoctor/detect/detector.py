@@ -39,7 +39,7 @@ from nandoctor.detect.boundaries import BoundaryChecks
 from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
-from nandoctor.detect.mode import CheckingMode, all_finite
+from nandoctor.detect.mode import CheckingMode, all_finite, checkable
 from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
@@ -59,10 +59,10 @@ _push_mode = torch._C._push_on_torch_dispatch_stack
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 
-# Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
 # The innermost frames of an error whose variables may hold the value an op refused.
 _FRAMES_LOOKED_AT = 3
 
+# Stops at a boundary that compiled code may explain when no op nandoctor saw made the value.
 _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopReason.GRADIENT_BEFORE_STEP,
                       StopReason.GRADIENT_RETURNED, StopReason.READ_BACK)
 
@@ -367,7 +367,7 @@ class Detector(Observer):
 
     def on_nonfinite(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool = False,
                      before: torch.Tensor | None = None) -> None:
-        if out.is_meta:  # no values (a model built on the meta device): nothing to record
+        if out.is_meta or not checkable(out):  # no values (the meta device), or float8 storage
             return
         self.read_flags()  # a deferred op that ran earlier comes first
         with self.internal():
@@ -940,13 +940,13 @@ class Detector(Observer):
 
         return self._fetched_again(fetch)
 
-    def _refetch_as_worker(self, dataset, stream, batch_number: int, collate=None) -> list[torch.Tensor] | None:
-        """A map-style dataset's batch `batch_number` that a worker process made, fetched
-        again (see `_refetch`) as that worker fetched it: its `get_worker_info()`, seeds and
-        `worker_init_fn`, then each batch it fetched before, in order, with the per-op mode
-        off (a random transform draws the same numbers), then this one with it on."""
-        *earlier, this = stream.worker_batches(batch_number)
-        worker, _ = stream.worker_of(batch_number)
+    def _refetch_as_worker(self, dataset, stream, worker: int, batches: list, collate=None) -> list[torch.Tensor] | None:
+        """A map-style dataset's batch that worker process `worker` made, the last of
+        `batches` (the indices of each it fetched this epoch), fetched again (see `_refetch`)
+        as that worker fetched it: its `get_worker_info()`, seeds and `worker_init_fn`, then
+        each earlier batch, in order, with the per-op mode off (a random transform draws the
+        same numbers), then this one with it on."""
+        *earlier, this = batches
 
         def fetch():
             with _as_worker(dataset, stream, worker):

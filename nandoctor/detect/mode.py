@@ -62,9 +62,9 @@ def _finite(t: torch.Tensor) -> bool:
         return True
     if _jit_tracing() is not None:  # torch.jit.trace records every op run, a check's too
         return True
-    if not checkable(t) or t.numel() == 0:
+    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
         return True
-    try:
+    try:  # (float8 has no sum: it raises, and is not checked, as `checkable` says)
         value = t.item() if t.dim() == 0 else t.sum().item()  # (a loss: no sum to make)
         # (Complex values: a spectrum; its gradients carry a NaN through torch.stft's backward.)
         return cmath.isfinite(value) if isinstance(value, complex) else math.isfinite(value)

@@ -119,7 +119,7 @@ class NodeChecks:
         # when the run ends (`release`), so a later run in the process starts clean.
         self._lasting: list[tuple[dict, object]] = []
         self._graphs: list = []  # the roots of each backward running (a nested one last)
-        self._leaves_armed: list = []  # per backward running: are its leaves hooked yet?
+        self._leaves_armed_for = None  # the roots of the backward whose leaves are hooked
         self._check_all = functools.partial(self._node_finished, frozenset())  # (a C call, no Python frame)
 
     def release(self) -> None:
@@ -129,19 +129,17 @@ class NodeChecks:
                 del metadata[_ARMED]
         self._lasting.clear()
         self._graphs.clear()
-        self._leaves_armed.clear()
+        self._leaves_armed_for = None
 
     def begin(self, roots) -> None:
         """A backward starts: `roots` when it is checked node by node (kept until `end`,
         for `arm` and `arm_leaves`), else None."""
         self._graphs.append(roots)
-        self._leaves_armed.append(False)
 
     def end(self) -> None:
         """The innermost backward ended: its graph is no longer ours to keep."""
-        if self._graphs:
-            self._graphs.pop()
-            self._leaves_armed.pop()
+        if self._graphs and self._graphs.pop() is self._leaves_armed_for:
+            self._leaves_armed_for = None  # (holding its roots would keep the graph alive)
 
     def arm(self) -> None:
         """Hook every node of the innermost backward's graph that can make a non-finite
@@ -194,9 +192,9 @@ class NodeChecks:
         the gradient that came in. An accumulator that already ran took a finite one. Once
         a backward: a graph whose every node goes non-finite (an integrator's rollout that
         overflowed) would otherwise be walked once per node."""
-        if not self._graphs or self._graphs[-1] is None or self._leaves_armed[-1]:
+        if not self._graphs or self._graphs[-1] is None or self._graphs[-1] is self._leaves_armed_for:
             return
-        self._leaves_armed[-1] = True
+        self._leaves_armed_for = self._graphs[-1]
         # Accumulators of earlier graphs that are gone (most are: one per leaf per step).
         self._lasting = [(m, h) for m, h in self._lasting if h.hooks_dict_ref() is not None]
         stack = _grad_fns(self._graphs[-1])

@@ -58,10 +58,8 @@ def tests_finiteness(name: str, args) -> bool:
     other = args[1]
     return other is args[0] or isinstance(other, float) and not math.isfinite(other)
 
-# Ops that handle a non-finite value they are handed: replace it, test for it, or skip it
-# (the NaN-aware reductions).
-HANDLES_NONFINITE = frozenset({
-    "nan_to_num", "nan_to_num_", "isinf", "isnan", "isfinite", "isposinf", "isneginf",
-    "eq", "ne", "lt", "le", "gt", "ge", "signbit",
-    "nansum", "nanmean", "nanmedian", "nanquantile", "fmax", "fmin",
-})
+
+# Ops that handle a non-finite value they are handed: test for it, compare it, replace it
+# or skip it (the NaN-aware reductions).
+HANDLES_NONFINITE = TESTS_FINITENESS | {"eq", "ne", "lt", "le", "gt", "ge", "signbit", "nan_to_num", "nan_to_num_",
+                                        "nansum", "nanmean", "nanmedian", "nanquantile", "fmax", "fmin"}

@@ -263,7 +263,7 @@ class Recorder:
         one infinity among copies of one constant (a causal mask built with numpy,
         `np.triu(np.full((n, n), -np.inf), 1)`, or loaded as a buffer from a checkpoint)."""
         output = summarize(t, "value")
-        sentinel = _one_infinity_only(output) or _a_mask(t, output)
+        sentinel = _one_infinity_only(output) or _a_mask(output)
         return Record(
             op=op, phase=phase, where=self.locator.user_frame(2), module=self.modules.current,
             backward_node=None, node_seq=None, step=self.state.step_or_none,
@@ -504,13 +504,12 @@ def _one_infinity_only(summary: TensorSummary) -> bool:
 _MASK_SIZE = 4
 
 
-def _a_mask(t: torch.Tensor, summary: TensorSummary) -> bool:
-    """One infinity (a sign, no NaN) among copies of one finite constant: an additive mask,
-    not data (data with a bad value has varied values around it)."""
-    if summary.nan or bool(summary.posinf) == bool(summary.neginf) or summary.numel < _MASK_SIZE \
-            or summary.min is None or summary.min != summary.max:
-        return False
-    return True
+def _a_mask(summary: TensorSummary) -> bool:
+    """One infinity (a sign, no NaN) among copies of one finite constant (the summary's min
+    and max are over the finite values): an additive mask, not data (data with a bad value
+    has varied values around it)."""
+    return not summary.nan and bool(summary.posinf) != bool(summary.neginf) and summary.numel >= _MASK_SIZE \
+        and summary.min is not None and summary.min == summary.max
 
 
 def _updates_weight_by_hand(func, args, grad_enabled: bool) -> bool:
