@@ -25,12 +25,16 @@ Each hook calls the observer (see observer.py for the protocol):
 - `DataLoader.__iter__` / `_BaseDataLoaderIter.__next__`: the data phase, and each batch as
   it arrives (also from worker processes, whose own ops nandoctor cannot see).
 
-Every patch is undone on `uninstall()`.
+Every patch is undone on `uninstall()`. A patched function called from a thread that is
+not training (Keras's callback pool, a thread the script starts to log or serve) runs as
+unpatched: the dispatch mode sees only the training thread and the autograd engine working
+for it, and the observer's state is that thread's alone.
 """
 from __future__ import annotations
 
 import collections
 import functools
+import threading
 
 import torch
 import torch.func
@@ -49,12 +53,14 @@ class TrainingHooks:
         self.observer = observer
         self._undo: list = []
         self._steps_hooked: set = set()
+        self._training_thread = threading.get_ident()
 
     def install(self) -> None:
+        self._training_thread = threading.get_ident()
         self._patch(torch.autograd, "backward", self._wrap_backward)
         self._patch(torch.autograd, "grad", self._wrap_grad)
         pre = register_optimizer_step_pre_hook(self._before_step)
-        post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.observer.after_optimizer_step(opt))
+        post = register_optimizer_step_post_hook(self._after_step)
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
         for cls in _subclasses(torch.optim.Optimizer):  # optimizers made before: torch wrapped their step
@@ -107,12 +113,35 @@ class TrainingHooks:
 
     def _patch(self, owner, name: str, wrap) -> None:
         original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
-        wrapper = wrap(original)
+        wrapper = self._wrap_on_training_thread(original, wrap(original))
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
         self._undo.append(scriptable_as(original, wrapper))
 
+    def _wrap_on_training_thread(self, original, wrapper):
+        """`wrapper` where training runs: on the thread that installed the hooks, or inside a
+        backward (the autograd engine runs a device's nodes and hooks on a thread of its own).
+        Elsewhere `original`: two threads in the observer at once would each find it busy
+        with nandoctor's own work, and leave it so."""
+        training_thread = self._training_thread
+
+        @functools.wraps(original)
+        def on_training_thread(*args, **kwargs):
+            if _training_here(training_thread):
+                return wrapper(*args, **kwargs)
+            return original(*args, **kwargs)
+
+        for name, value in getattr(wrapper, "__dict__", {}).items():  # (markers it carries)
+            setattr(on_training_thread, name, value)
+        return on_training_thread
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        if _training_here(self._training_thread):
+            self.observer.after_optimizer_step(optimizer)
+
     def _before_step(self, optimizer, args, kwargs):
+        if not _training_here(self._training_thread):
+            return None
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if not callable(closure):
             self.observer.before_optimizer_step(optimizer)  # first this rank's own values, then its peers
@@ -516,6 +545,15 @@ def _stream_position(iterator, dataset) -> StreamPosition | None:
     return StreamPosition(batch_size, getattr(iterator, "_num_workers", 0), getattr(iterator, "_base_seed", None),
                           getattr(iterator, "_worker_init_fn", None),
                           None if iterable else getattr(iterator, "_nandoctor_drawn", None))
+
+
+_get_ident = threading.get_ident
+_graph_task_id = torch._C._current_graph_task_id  # -1 outside a backward
+
+
+def _training_here(training_thread: int) -> bool:
+    """Is this call part of training: on its thread, or in a backward it started?"""
+    return _get_ident() == training_thread or _graph_task_id() != -1
 
 
 def scriptable_as(original, wrapper):

@@ -2,6 +2,8 @@
 the observers — closures, DataLoader workers, gradient clipping."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -472,6 +474,58 @@ class TestKerasCallbacksFollowAMetric:
     def test_near_miss_the_same_nan_metric_only_logged_is_no_stop(self, monkeypatch):
         monkeypatch.setenv("KERAS_BACKEND", "torch")
         assert not _keras_fit_with_a_nan_validation_metric([]).stopped
+
+
+class TestOnlyTheTrainingThreadIsWatched:
+    """The dispatch mode sees the thread that trains; a tensor read, converted or printed
+    on another thread (Keras runs its batch-end callbacks in a pool, scripts log from
+    threads) goes past the hooks as in plain python. Two threads in the detector at once
+    once left it busy with its own work for good, blind to the rest of the run."""
+
+    def _reads_seen(self, monkeypatch, read_on_a_thread: bool) -> list:
+        from nandoctor.detect.detector import Detector
+
+        seen = []
+        original = Detector.value_read
+        monkeypatch.setattr(Detector, "value_read", lambda d, t: (seen.append(threading.get_ident()),
+                                                                  original(d, t))[1])
+
+        def train():
+            loss = torch.log(torch.ones(3))
+            if read_on_a_thread:
+                reader = threading.Thread(target=lambda: (loss.tolist(), repr(loss), loss.numpy()))
+                reader.start()
+                reader.join()
+            else:
+                loss.tolist(), repr(loss), loss.numpy()
+
+        assert not detect(train).stopped
+        return seen
+
+    def test_a_read_on_another_thread_never_reaches_the_detector(self, monkeypatch):
+        assert self._reads_seen(monkeypatch, read_on_a_thread=True) == []
+
+    def test_near_miss_the_same_reads_on_the_training_thread_are_seen(self, monkeypatch):
+        seen = self._reads_seen(monkeypatch, read_on_a_thread=False)
+        assert len(seen) >= 3 and set(seen) == {threading.get_ident()}
+
+    def test_the_run_still_stops_while_another_thread_reads_its_values(self):
+        readers = []
+
+        def train():
+            w = torch.ones(3, requires_grad=True)
+            for step in range(2):
+                loss = (w * 2).sum()
+                readers.append(threading.Thread(target=lambda: [loss.tolist() for _ in range(2000)]))
+                readers[-1].start()
+                if step == 1:
+                    loss = torch.log(w - 1).sum()
+                loss.backward()
+
+        found = detect(train)
+        for reader in readers:
+            reader.join()
+        assert found.stopped and found.detection.root.op == "aten.log.default"
 
 
 def _per_sample_gradients(broken: bool, steps: int = 2):
