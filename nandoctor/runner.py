@@ -26,8 +26,10 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import linecache
+import ctypes
 import os
 import sys
+import threading
 import traceback
 import types
 import zipfile
@@ -217,7 +219,8 @@ class ScriptRunner:
         try:
             if self.failure is not None:
                 raise self.failure
-            exec(self.code, self.main_module.__dict__)
+            with _StopsFromThreads(passthrough):
+                exec(self.code, self.main_module.__dict__)
         except passthrough:
             raise
         except SystemExit as exc:
@@ -317,6 +320,37 @@ def _system_exit_status(exc: SystemExit) -> int:
         return code
     print(code, file=sys.stderr)  # python prints a non-int exit value and exits 1
     return 1
+
+
+class _StopsFromThreads:
+    """A stop raised on a thread the script started (a script that trains on a thread of its
+    own) ends that thread without a traceback, and the script with it: the same stop is
+    raised on the script's thread (where it waits in `join()`, as soon as that returns), as
+    if it had been raised there. Any other exception of a thread is printed as python would."""
+
+    def __init__(self, stops: tuple[type[BaseException], ...]) -> None:
+        self.stops = stops
+        self.script_thread = threading.get_ident()
+        self.hook = self._excepthook
+        self.previous = threading.excepthook
+
+    def __enter__(self) -> "_StopsFromThreads":
+        self.previous = threading.excepthook
+        threading.excepthook = self.hook
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if threading.excepthook is self.hook:  # (unless the script installed its own meanwhile)
+            threading.excepthook = self.previous
+        self.stops = ()  # a thread that outlives the script raises nothing into nandoctor
+
+    def _excepthook(self, args) -> None:
+        if not (self.stops and isinstance(args.exc_type, type) and issubclass(args.exc_type, self.stops)):
+            self.previous(args)
+            return
+        if threading.get_ident() != self.script_thread:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.script_thread),
+                                                       ctypes.py_object(args.exc_type))
 
 
 @dataclass

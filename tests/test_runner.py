@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -216,6 +217,23 @@ def test_a_module_that_is_not_there_is_a_one_line_usage_error(tmp_path, script, 
     assert wrapped.stderr.splitlines() == [f"nandoctor: {message}"]
 
 
+RAISES_ON_A_THREAD = """\
+import threading
+def train():
+    raise {}
+t = threading.Thread(target=train)
+t.start()
+t.join()
+print('after join')
+"""
+
+
+def _runner_of(path) -> ScriptRunner:
+    runner = ScriptRunner(str(path), [])
+    runner.prepare()
+    return runner
+
+
 class TestInProcess:
     """The runner used directly: state is restored whatever the script did."""
 
@@ -258,6 +276,25 @@ class TestInProcess:
         assert err.startswith('  File "') and 'bad.py", line 2\n    def (:\n' in err
         assert "^" in err and err.rstrip().endswith("SyntaxError: invalid syntax")
         assert "Traceback" not in err
+
+    def test_a_stop_raised_on_a_thread_the_script_started_ends_the_script_quietly(self, script, capsys):
+        class Stop(BaseException):
+            pass
+
+        runner = _runner_of(script("threaded.py", RAISES_ON_A_THREAD.format("STOP('loss')")))
+        runner.main_module.STOP = Stop
+        with pytest.raises(Stop):
+            runner.run(passthrough=(Stop,))
+        out, err = capsys.readouterr()
+        assert "after join" not in out and err == ""
+
+    def test_near_miss_any_other_exception_of_a_thread_goes_to_the_hook_that_was_there(self, script, capsys,
+                                                                                       monkeypatch):
+        seen = []
+        monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
+        runner = _runner_of(script("threaded.py", RAISES_ON_A_THREAD.format("ValueError('bad batch')")))
+        assert runner.run(passthrough=(KeyboardInterrupt,)).exit_code == 0
+        assert capsys.readouterr().out == "after join\n" and seen == [ValueError]
 
     def test_an_unknown_module_is_a_usage_error(self):
         with pytest.raises(UsageError, match="no module named 'surely_not_a_module'"):

@@ -25,10 +25,14 @@ Each hook calls the observer (see observer.py for the protocol):
 - `DataLoader.__iter__` / `_BaseDataLoaderIter.__next__`: the data phase, and each batch as
   it arrives (also from worker processes, whose own ops nandoctor cannot see).
 
-Every patch is undone on `uninstall()`. A patched function called from a thread that is
-not training (Keras's callback pool, a thread the script starts to log or serve) runs as
-unpatched: the dispatch mode sees only the training thread and the autograd engine working
-for it, and the observer's state is that thread's alone.
+Every patch is undone on `uninstall()`.
+
+Values read, printed, saved or entered into torch, and the batches a DataLoader yields, are
+followed on the thread that trains (the one that last ran a backward or an optimizer step,
+at first the one that installed the hooks) and inside a backward it started. Elsewhere
+(Keras's batch-end callback pool, a thread the script starts to log or serve) they pass as
+unpatched: two threads in the observer at once would each find it busy with nandoctor's own
+work and leave it so, blind to the rest of the run.
 """
 from __future__ import annotations
 
@@ -53,10 +57,10 @@ class TrainingHooks:
         self.observer = observer
         self._undo: list = []
         self._steps_hooked: set = set()
-        self._training_thread = threading.get_ident()
+        self.training_thread = threading.get_ident()
 
     def install(self) -> None:
-        self._training_thread = threading.get_ident()
+        self.training_thread = threading.get_ident()
         self._patch(torch.autograd, "backward", self._wrap_backward)
         self._patch(torch.autograd, "grad", self._wrap_grad)
         pre = register_optimizer_step_pre_hook(self._before_step)
@@ -86,20 +90,20 @@ class TrainingHooks:
         self._undo.append(lambda: compiled.stop_observing(self.observer))
         quiet = CompileQuiet().__enter__()
         self._undo.append(quiet.__exit__)
-        self._patch(torch.nn.Module, "state_dict", self._wrap_state_dict)
+        self._patch(torch.nn.Module, "state_dict", self._wrap_state_dict, training_thread_only=True)
         for name in ("register_hook", "register_post_accumulate_grad_hook"):
-            self._patch(torch.Tensor, name, self._wrap_register_hook)
+            self._patch(torch.Tensor, name, self._wrap_register_hook, training_thread_only=True)
         if self.observer.watches_values:
             for name in ("tolist", "numpy", "__repr__"):
-                self._patch(torch.Tensor, name, self._wrap_read)
+                self._patch(torch.Tensor, name, self._wrap_read, training_thread_only=True)
             for name in ("from_numpy", "as_tensor"):
-                self._patch(torch, name, self._wrap_entry)
-            self._patch(torch, "save", self._wrap_save)
-            self._patch(torch, "load", self._wrap_load)
+                self._patch(torch, name, self._wrap_entry, training_thread_only=True)
+            self._patch(torch, "save", self._wrap_save, training_thread_only=True)
+            self._patch(torch, "load", self._wrap_load, training_thread_only=True)
         if self.observer.watches_data:
-            self._patch(dataloader_module.DataLoader, "__iter__", self._wrap_iter)
-            self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next)
-            self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index)
+            self._patch(dataloader_module.DataLoader, "__iter__", self._wrap_iter, training_thread_only=True)
+            self._patch(dataloader_module._BaseDataLoaderIter, "__next__", self._wrap_next, training_thread_only=True)
+            self._patch(dataloader_module._BaseDataLoaderIter, "_next_index", self._wrap_next_index, training_thread_only=True)
 
     def runtime_code(self) -> list:
         """What runs inside the user's code, maybe inside a compiled function's extent: the
@@ -111,23 +115,22 @@ class TrainingHooks:
         while self._undo:
             self._undo.pop()()
 
-    def _patch(self, owner, name: str, wrap) -> None:
+    def _patch(self, owner, name: str, wrap, training_thread_only: bool = False) -> None:
         original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
-        wrapper = self._wrap_on_training_thread(original, wrap(original))
+        wrapper = wrap(original)
+        if training_thread_only:
+            wrapper = self._wrap_on_training_thread(original, wrapper)
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
         self._undo.append(scriptable_as(original, wrapper))
 
     def _wrap_on_training_thread(self, original, wrapper):
-        """`wrapper` where training runs: on the thread that installed the hooks, or inside a
-        backward (the autograd engine runs a device's nodes and hooks on a thread of its own).
-        Elsewhere `original`: two threads in the observer at once would each find it busy
-        with nandoctor's own work, and leave it so."""
-        training_thread = self._training_thread
+        """`wrapper` where training runs, `original` elsewhere (see the module docstring)."""
+        hooks = self
 
         @functools.wraps(original)
         def on_training_thread(*args, **kwargs):
-            if _training_here(training_thread):
+            if _get_ident() == hooks.training_thread or _graph_task_id() != -1:
                 return wrapper(*args, **kwargs)
             return original(*args, **kwargs)
 
@@ -135,13 +138,17 @@ class TrainingHooks:
             setattr(on_training_thread, name, value)
         return on_training_thread
 
+    def _trains_here(self) -> None:
+        """A backward or an optimizer step runs on this thread: it is the one that trains (a
+        script may train on a thread of its own while its main thread waits)."""
+        if not compiling() and _graph_task_id() == -1:
+            self.training_thread = _get_ident()
+
     def _after_step(self, optimizer, args, kwargs) -> None:
-        if _training_here(self._training_thread):
-            self.observer.after_optimizer_step(optimizer)
+        self.observer.after_optimizer_step(optimizer)
 
     def _before_step(self, optimizer, args, kwargs):
-        if not _training_here(self._training_thread):
-            return None
+        self._trains_here()
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if not callable(closure):
             self.observer.before_optimizer_step(optimizer)  # first this rank's own values, then its peers
@@ -317,12 +324,13 @@ class TrainingHooks:
         return apply
 
     def _wrap_backward(self, original):
-        observer = self.observer
+        observer, hooks = self.observer, self
 
         @functools.wraps(original)
         def backward(tensors, *args, **kwargs):
             if compiling():  # a compiled training step: Dynamo traces backward itself
                 return original(tensors, *args, **kwargs)
+            hooks._trains_here()
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
             transform = in_transform()
             if transform:  # the values under functorch's wrappers are what is checked
@@ -549,11 +557,6 @@ def _stream_position(iterator, dataset) -> StreamPosition | None:
 
 _get_ident = threading.get_ident
 _graph_task_id = torch._C._current_graph_task_id  # -1 outside a backward
-
-
-def _training_here(training_thread: int) -> bool:
-    """Is this call part of training: on its thread, or in a backward it started?"""
-    return _get_ident() == training_thread or _graph_task_id() != -1
 
 
 def scriptable_as(original, wrapper):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ class Recorder:
                  sites: NodeSites, records: RecordTable, allowances: Allowances | None = None) -> None:
         self.state = state
         self.allowances = allowances or Allowances()
+        self.watched_thread = threading.get_ident()  # the thread whose ops the dispatch mode sees
         # (op, user frame) -> [count, made a NaN, allowed]: every birth of a non-finite value,
         # for the report of a run in which none of them mattered.
         self._made: dict[tuple, list] = {}
@@ -264,12 +266,22 @@ class Recorder:
         `np.triu(np.full((n, n), -np.inf), 1)`, or loaded as a buffer from a checkpoint)."""
         output = summarize(t, "value")
         sentinel = _one_infinity_only(output) or _a_mask(output)
+        unwatched = self._unwatched_thread()
         return Record(
             op=op, phase=phase, where=self.locator.user_frame(2), module=self.modules.current,
             backward_node=None, node_seq=None, step=self.state.step_or_none,
             output=output, inputs=[], parents=[], has_nan=output.nan > 0, intended=sentinel,
-            facts=SiteFacts(untracked_input=not sentinel, written_on_purpose=sentinel),
+            facts=SiteFacts(untracked_input=not sentinel and unwatched is None, written_on_purpose=sentinel,
+                            unwatched_thread=None if sentinel else unwatched),
         )
+
+    def _unwatched_thread(self) -> str | None:
+        """The name of this thread when the dispatch mode does not see its ops: a script
+        that trains on a thread of its own (the autograd engine's threads are seen: they run
+        a backward with the mode of the thread that started it)."""
+        if threading.get_ident() == self.watched_thread or torch._C._current_graph_task_id() != -1:
+            return None
+        return threading.current_thread().name
 
     def latest_birth(self) -> Record | None:
         """The non-finite value made most recently (accepted lines and masks aside)."""

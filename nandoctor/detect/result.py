@@ -138,6 +138,7 @@ class SiteFacts:
     written_by_optimizer: bool = False  # changed by optimizer.step(), outside the checked ops
     optimizer: str | None = None  # the optimizer's class
     untracked_input: bool = False  # an input was non-finite and no op nandoctor saw made it
+    unwatched_thread: str | None = None  # first seen on this thread, whose ops the per-op watch does not see
     entered: bool = False  # the value entered torch non-finite here (torch.tensor, from_numpy)
     inf_written_at: Location | None = None  # where the intended Inf this op consumed was written
     inf_written_by: str | None = None  # ...the op that wrote it, when it has no user line
@@ -182,7 +183,7 @@ class SiteFacts:
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
                     "op_facts_error", "loss", "grad_norm", "compiled", "ignore_index", "counted_targets",
-                    "reduced_count", "correction"):
+                    "reduced_count", "correction", "unwatched_thread"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.inf_written_at is not None:

@@ -56,6 +56,43 @@ def test_a_healthy_script_exits_0_with_a_clean_report(tmp_path, script):
     assert result.report["status"] == "clean" and result.report["step"] == 5
 
 
+THREADED = """\
+import threading
+import torch
+torch.manual_seed(0)
+def train():
+    w = torch.randn(4, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    for step in range(3):
+        loss = torch.log((torch.randn(8, 4) @ w) %s).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print(step, round(loss.item(), 4))
+worker = threading.Thread(target=train)
+worker.start()
+worker.join()
+print("trained")
+"""
+
+
+@pytest.mark.parametrize("mode", ["trace", "watch"])
+def test_a_script_that_trains_on_a_thread_of_its_own_stops_there_and_says_what_was_not_seen(tmp_path, script, mode):
+    script("train.py", THREADED % "- 100")
+    result = run_nandoctor(["run", "--mode", mode, "train.py"], tmp_path)
+    assert result.code == 3 and result.report["status"] == "nonfinite"
+    root = result.report["root"]
+    assert root["location"]["line"] == 9 and root["facts"]["unwatched_thread"] == "Thread-1 (train)"
+    assert result.report["cause"]["id"] == "unknown"  # not "came from outside torch": its ops were not seen
+    assert "Traceback" not in result.stderr and "trained" not in result.stdout  # the script stopped with it
+
+
+def test_near_miss_a_healthy_script_that_trains_on_a_thread_runs_as_under_python(tmp_path, script):
+    script("train.py", THREADED % "* 0 + 1")
+    plain = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, timeout=120)
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 0 and result.report["status"] == "clean"
+    assert result.stdout.encode() == plain.stdout and result.report["step"] == 3
+
+
 JSON_LINES = """\
 import json
 import torch

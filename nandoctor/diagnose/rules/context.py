@@ -17,6 +17,24 @@ from nandoctor.report.model import Cause
 
 
 @context_rule
+def made_on_an_unwatched_thread(ev: Evidence) -> Cause | None:
+    """The script trains on a thread of its own: the per-op watch saw none of its ops, so
+    the first sight of the value is no cause (it did not come from outside torch)."""
+    thread = ev.facts.unwatched_thread
+    if thread is None:
+        return None
+    return Cause(
+        "unknown",
+        "made on a thread whose ops nandoctor does not follow",
+        f"The script trains on a thread of its own (`{thread}`). Trace mode checks each op of the thread that "
+        f"runs the script, and sees a thread the script starts only at its training boundaries: it first saw "
+        f"this value at {ev.where} ({ev.code}), {_bad(ev.output)}, made by an op on that thread before this line.",
+        "Call the training function on the script's own thread under nandoctor (`train()` rather than "
+        "`threading.Thread(target=train).start()`) to find the op that made it.",
+    )
+
+
+@context_rule
 def amp_scale_collapse(ev: Evidence) -> Cause | None:
     amp = ev.facts.amp
     if amp is None:
