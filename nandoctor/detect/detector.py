@@ -357,6 +357,9 @@ class Detector(Observer):
                 d.state.script_grad = None
             d.passive = self.was
 
+    def own_work(self) -> "_Internal":
+        return self.internal()
+
     def internal(self) -> "_Internal":
         """Run nandoctor's own tensor ops without checking them, and without autograd: a
         check of a tensor that requires grad (`isfinite` is `abs` underneath) would add to

@@ -335,7 +335,7 @@ class TrainingHooks:
             transform = in_transform()
             if transform:  # the values under functorch's wrappers are what is checked
                 observer.transform_seen("backward")
-                roots = [unwrapped(t) for t in roots]
+                roots = observer.across_examples([unwrapped_examples(t) for t in roots])
             create_graph = args[2] if len(args) > 2 else kwargs.get("create_graph", False)
             # first this rank's own loss, then its peers
             mark = observer.before_backward(roots, plain=not create_graph and not transform)
@@ -362,10 +362,11 @@ class TrainingHooks:
             transform = in_transform()  # torch.func.grad / vjp: the values under the wrappers
             if transform:
                 observer.transform_seen("grad")
-                roots = [unwrapped(t) for t in roots]
+                roots = observer.across_examples([unwrapped_examples(t) for t in roots])
             mark = observer.before_backward(roots)
             result = original(outputs, *args, **kwargs)
-            observer.after_grad([unwrapped(g) for g in result] if transform else result, mark)
+            observer.after_grad(observer.across_examples([unwrapped_examples(g) for g in result])
+                                if transform else result, mark)
             return result
 
         return grad
@@ -595,9 +596,18 @@ def in_transform() -> bool:
 
 def unwrapped(t):
     """The plain tensor under functorch's wrappers (under vmap: all samples, batched)."""
+    return unwrapped_examples(t)[0]
+
+
+def unwrapped_examples(t) -> tuple:
+    """The plain tensor under functorch's wrappers, and the dim of it that the outermost
+    vmap maps over (its examples; None outside vmap)."""
+    examples = None
     while isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if torch._C._functorch.is_batchedtensor(t):
+            examples = torch._C._functorch.maybe_get_bdim(t)
         t = torch._C._functorch.get_unwrapped(t)
-    return t
+    return t, examples
 
 
 class KerasOptimizer:

@@ -184,6 +184,20 @@ class Observer:
     def loaded(self, obj) -> None:
         """torch.load returned `obj` (only when `watches_values`)."""
 
+    def across_examples(self, values: list) -> list:
+        """Of `(value, example dim)` pairs a torch.func transform hands a boundary, the values
+        to check there. Under vmap a value holds one entry per example (per-example losses and
+        gradients, as DP-SGD computes them): one whose non-finite entries lie in some examples
+        only is the script's to drop (`torch.isfinite(g).all(1)`, then `where`). Kept, they
+        spread into the update and from it into every example's next loss, and are found
+        there, rooted where they were made."""
+        with self.own_work():
+            return [t for t, examples in values if examples is None or not _in_some_examples_only(t, examples)]
+
+    def own_work(self):
+        """A context for nandoctor's own ops on the script's tensors."""
+        return torch.no_grad()
+
     def transform_seen(self, what: str) -> None:
         """A torch.func transform ran `what` (backward, grad): the boundary checks get the
         plain values under functorch's wrappers."""
@@ -228,6 +242,15 @@ _NONFINITE_WORDS = re.compile(r"\b(nan|inf|infinity)\b|non-?finite|not finite|is
 # cholesky's "not positive-definite", an eigensolver that does not converge.
 _REFUSES_VALUES = re.compile(r"between -?[\d.]+ and -?[\d.]+|out of (the )?range|positive.definite|converge|"
                              r"singular|ill-conditioned|probabilit", re.IGNORECASE)
+
+
+def _in_some_examples_only(t, examples: int) -> bool:
+    if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()) or t.is_meta \
+            or t.dim() == 0 or t.shape[examples] < 2:
+        return False
+    bad = ~torch.isfinite(t.detach()).movedim(examples, 0).reshape(t.shape[examples], -1)
+    per_example = bad.any(1)
+    return bool(per_example.any()) and not bool(per_example.all())
 
 
 def finite_metric(metric) -> bool:

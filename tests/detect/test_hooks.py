@@ -572,6 +572,51 @@ def test_watch_mode_leaves_transforms_alone_and_stops_on_the_gradient_they_produ
     assert watcher.finding().what == "gradient" and watcher.finding().weights_clean
 
 
+def _per_example_gradients_of_corrupt_rows(drop_bad_examples: bool, steps: int = 3):
+    """DP-SGD style: per-example gradients with vmap(grad), two rows of the data corrupt
+    (an Inf feature); the script drops the examples whose gradient is not finite, or not."""
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    x[3, 1] = float("inf")
+    x[9, 0] = float("-inf")
+
+    def loss_one(params, xi, yi):
+        return ((functional_call(model, params, (xi[None],)) - yi) ** 2).sum()
+
+    for _ in range(steps):
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        per_example = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
+        flat = torch.cat([g.reshape(16, -1) for g in per_example.values()], 1)
+        keep = torch.isfinite(flat).all(1) if drop_bad_examples else torch.ones(16, dtype=torch.bool)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                g = per_example[name]
+                g = torch.where(keep.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros_like(g))
+                p -= 0.1 * g.sum(0) / keep.sum()
+    return model
+
+
+def test_per_example_gradients_the_script_drops_where_not_finite_train_on_unstopped():
+    found, same = _plain_and_detected(lambda: _per_example_gradients_of_corrupt_rows(drop_bad_examples=True))
+    assert not found.stopped and same
+
+
+def test_watch_mode_lets_the_script_drop_its_bad_per_example_gradients_too():
+    watcher = StepWatcher(load_config().run)
+    with watcher:
+        _per_example_gradients_of_corrupt_rows(drop_bad_examples=True)
+    assert watcher.finding() is None
+
+
+def test_near_miss_kept_per_example_nans_are_found_once_they_spread_rooted_in_the_data():
+    found = detect(lambda: _per_example_gradients_of_corrupt_rows(drop_bad_examples=False))
+    assert found.stopped
+    assert found.detection.root.op == "aten.copy_.default" and found.detection.root.phase == "data"
+
+
 def test_the_loss_handed_to_torch_func_grad_is_checked_under_its_wrapper():
     def train():
         from torch.func import grad  # imported by the script, under nandoctor
