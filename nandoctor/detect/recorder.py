@@ -9,7 +9,9 @@ op's own facts). Nothing here decides whether to stop; see `policy.py`.
 from __future__ import annotations
 
 import collections
+import linecache
 import math
+import re
 import threading
 from typing import Any
 
@@ -302,6 +304,11 @@ class Recorder:
         bad value in it has finite values around it; a NaN is never a sentinel here.)"""
         record = self.bare(op, t, phase)
         record.facts.entered = True
+        if not record.intended and record.output.nan == 0 and _types_an_infinity(record.where):
+            # Bounds and constraints typed at the line that builds the tensor (`lower =
+            # torch.tensor([0.0, -inf])`, `torch.tensor([1.0, math.inf])`): written on purpose.
+            record.intended = record.facts.written_on_purpose = True
+            record.facts.untracked_input = False
         if record.intended:
             return record
         self.count_made(record)
@@ -506,6 +513,19 @@ def _inputs_named(name: str, value: Any, tensor_typed: bool):
         for j, item in enumerate(value):
             if isinstance(item, torch.Tensor):
                 yield f"{name}[{j}]", item
+
+
+# An infinity written in the source: `float("inf")`, `math.inf`, `np.inf`, `-inf`.
+_INFINITY = re.compile(r"\binf(inity)?\b", re.IGNORECASE)
+
+
+def _types_an_infinity(where) -> bool:
+    """Does the script's line (its comment aside) write an infinity itself? Values parsed
+    or computed elsewhere (`torch.tensor(row)`, `torch.tensor(np.log(p))`) are data."""
+    if where is None:
+        return False
+    code, line = where
+    return _INFINITY.search(linecache.getline(code.co_filename, line).split("#", 1)[0]) is not None
 
 
 def _one_infinity_only(summary: TensorSummary) -> bool:

@@ -1406,9 +1406,26 @@ class TestSentinels:
 
         assert not detect(train).stopped
 
+    @pytest.mark.parametrize("make", [
+        lambda: torch.tensor([0.0, 0.5, -float("inf"), float("inf")]),
+        lambda: torch.tensor([[0.0, math.inf], [-math.inf, 2.0]]),
+    ])
+    def test_bounds_typed_with_infinities_at_the_line_that_builds_them_may_be_read_back(self, make):
+        def box():
+            lower = make()
+            slack = torch.randn(lower.shape) - lower  # inf where a side is unbounded
+            read_back(slack)
+
+        assert not detect(box).stopped
+
+    def test_near_miss_a_nan_typed_among_them_is_never_on_purpose(self):
+        result = detect(lambda: read_back(torch.tensor([0.0, float("inf"), float("nan")])))
+        assert result.stopped and not result.detection.root.facts.written_on_purpose
+
     def test_near_miss_data_with_an_inf_among_finite_values_is_input_data(self):
         def load():
-            read_back(torch.tensor([1.0, float("inf"), 3.0]))
+            row = [float(v) for v in "1.0 inf 3.0".split()]  # parsed from a file
+            read_back(torch.tensor(row))
 
         result = detect(load)
         assert result.stopped and result.detection.root.facts.entered
