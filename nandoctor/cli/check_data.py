@@ -56,7 +56,7 @@ def check_data(
     """Check data files for NaN, Inf, constant arrays, empty or unreadable files.
 
     Formats: .npy .npz .pt .pth .safetensors .csv .tsv .parquet .feather .arrow, images
-    (.png .jpg .jpeg .bmp .tif .tiff .webp), .h5 .hdf5 and .jsonl .ndjson. Exit status 3 when a problem
+    (.png .jpg .jpeg .bmp .tif .tiff .webp), .h5 .hdf5, .jsonl .ndjson and .json. Exit status 3 when a problem
     listed under check_data.errors in the config is found, else 0; 2 for a PATH that does
     not exist or has no data file in it.
     """

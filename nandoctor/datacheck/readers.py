@@ -668,24 +668,49 @@ def read_json_lines(ctx: FileContext) -> None:
         raise ctx.not_valid()
     import json
 
+    def records():
+        with open(ctx.path, encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except ValueError as exc:
+                    raise Unreadable(f"line {number} is not JSON: {_one_line(exc)}") from None
+
+    _check_json_records(ctx, records())
+
+
+@reader(".json")
+def read_json(ctx: FileContext) -> None:
+    """A JSON document: a list of records (`df.to_json(orient="records")`, exported
+    datasets) is read as JSON lines are; an object, as one record whose fields are the
+    columns (`{"x": [[...], ...], "y": [...]}`, or `{"train": [records...]}`)."""
+    if looks_binary(ctx.head()):
+        raise ctx.not_valid()
+    import json
+
+    try:
+        with open(ctx.path, encoding="utf-8", errors="replace") as handle:
+            document = json.load(handle)
+    except ValueError as exc:
+        raise Unreadable(f"not JSON: {_one_line(exc)}") from None
+    _check_json_records(ctx, document if isinstance(document, list) else [document])
+
+
+def _check_json_records(ctx: FileContext, records) -> None:
+    """Every numeric field of the records is a column, checked in chunks."""
     columns: dict[str, _JsonColumn] = {}
-    records = 0
-    with open(ctx.path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise Unreadable(f"line {number} is not JSON: {_one_line(exc)}") from None
-            records += 1
-            for key, value in _json_numbers(record, ""):
-                column = columns.get(key)
-                if column is None:
-                    column = columns[key] = _JsonColumn(ArrayChecker(None, np.dtype(np.float64), options=ctx.options,
-                                                                     is_label=looks_like_label(key), allow_constant=False))
-                column.add(value)
-    if records == 0:
+    count = 0
+    for record in records:
+        count += 1
+        for key, value in _json_numbers(record, ""):
+            column = columns.get(key)
+            if column is None:
+                column = columns[key] = _JsonColumn(ArrayChecker(None, np.dtype(np.float64), options=ctx.options,
+                                                                 is_label=looks_like_label(key), allow_constant=False))
+            column.add(value)
+    if count == 0:
         ctx.problem(None, "empty", "the file holds no JSON records")
         return
     for key, column in columns.items():

@@ -380,6 +380,33 @@ def test_a_json_lines_file_with_a_broken_line_is_unreadable_and_says_which(tmp_p
     assert problem.check == "unreadable" and "line 2" in problem.detail
 
 
+JSON_RECORDS = ('[{"text": "a", "score": 0.5, "emb": [0.1, 0.2]},'
+                ' {"text": "b", "score": NaN, "emb": [Infinity, 0.3]},'
+                ' {"text": "c", "score": 0.7, "emb": [0.4, 0.5]}]')
+
+
+@pytest.mark.parametrize("document", [
+    JSON_RECORDS,  # df.to_json(orient="records"), an exported dataset
+    '{"train": %s}' % JSON_RECORDS,  # records under a split's name
+    '{"score": [0.5, NaN, 0.7], "emb": [[0.1, 0.2], [Infinity, 0.3], [0.4, 0.5]]}',  # columns
+])
+def test_a_json_document_of_records_or_columns_is_checked_as_json_lines_are(tmp_path, document):
+    (tmp_path / "d.json").write_text(document)
+    found = {(p.key.split(".")[-1], p.check, p.count) for p in problems_of(tmp_path / "d.json")}
+    assert found == {("score", "nan", 1), ("emb", "inf", 1)}
+
+
+def test_near_miss_a_finite_json_config_beside_the_data_has_no_problems(tmp_path):
+    (tmp_path / "config.json").write_text('{"num_classes": 10, "mean": [0.485, 0.456, 0.406], "name": "x"}')
+    assert problems_of(tmp_path / "config.json") == []
+
+
+def test_a_broken_json_document_is_unreadable_and_says_where(tmp_path):
+    (tmp_path / "d.json").write_text('{"x": [1, 2,')
+    (problem,) = problems_of(tmp_path / "d.json")
+    assert problem.check == "unreadable" and "column 13" in problem.detail
+
+
 def test_csv_inf_is_reported(tmp_path):
     write_rows(tmp_path / "t.csv", [["x"], [1.0], ["inf"], [2.0]])
     (problem,) = problems_of(tmp_path / "t.csv")
