@@ -104,6 +104,7 @@ class ArrayChecker:
         self.label_lo: int | None = None
         self.label_hi: int | None = None
         self.positions: dict[str, list[int]] = {"nan": [], "inf": [], "fp16_range": [], "label_range": []}
+        self.channels = _ChannelRanges.of(self.shape, self.dtype, order) if allow_constant else None
 
     # ---- feeding -------------------------------------------------------------------------
 
@@ -112,6 +113,8 @@ class ArrayChecker:
         self.seen += chunk.size
         if chunk.size == 0:
             return
+        if self.channels is not None:
+            self.channels.feed(chunk, offset)
         kind = chunk.dtype.kind
         if kind == "f":
             self._feed_float(chunk if chunk.dtype.itemsize >= 4 else chunk.astype(np.float32), offset)
@@ -206,6 +209,8 @@ class ArrayChecker:
             found.append(Finding("label_range", self.bad_labels, self._label_detail(), self._where("label_range")))
         if self._is_constant():
             found.append(Finding("constant", 1, self._constant_detail()))
+        if not found and self.channels is not None:
+            found += self.channels.findings()
         return found
 
     def _is_constant(self) -> bool:
@@ -290,10 +295,7 @@ def check_array(array: np.ndarray, *, options: CheckOptions = CheckOptions(), is
         checker.feed(chunk, offset)
         if on_bytes is not None:
             on_bytes(chunk.nbytes)
-    found = checker.findings()
-    if allow_constant and not found:
-        found += _dead_channels(array)
-    return found
+    return checker.findings()
 
 
 # A batch of images: (N, C, H, W) or (N, H, W, C), with a few channels and a real picture.
@@ -315,24 +317,56 @@ def channel_axis(shape: Sequence[int]) -> int | None:
     return 1 if nchw else 3
 
 
-def _dead_channels(array: np.ndarray) -> list[Finding]:
-    """`constant` for the channels of an image batch that hold one value: per-channel
-    normalisation (`(x - mean[c]) / std[c]`, as torchvision's Normalize with statistics
-    computed from the data) divides by a zero std there. Only for an array that is finite
-    and not constant as a whole (those are reported already)."""
-    axis = channel_axis(array.shape)
-    if axis is None or array.dtype.kind not in "fiu":
-        return []
-    others = tuple(i for i in range(4) if i != axis)
-    lo, hi = array.min(axis=others), array.max(axis=others)
-    dead = [int(c) for c in np.flatnonzero(lo == hi)]
-    if not dead:
-        return []
-    layout = "NCHW" if axis == 1 else "NHWC"
-    values = ", ".join(f"channel {c} is all {lo[c].item():g}" for c in dead[:4])
-    return [Finding("constant", len(dead),
-                    f"{values} (axis {axis} of {layout} images, {array.shape[axis]} channels): normalising "
-                    f"per channel by its std divides by zero (NaN)")]
+class _ChannelRanges:
+    """The per-channel range of an image batch, fed as flat chunks are: `constant` for the
+    channels that hold one value. Per-channel normalisation (`(x - mean[c]) / std[c]`, as
+    torchvision's Normalize with statistics computed from the data) divides by a zero std
+    there. Reported only for an array that is finite and not constant as a whole (those are
+    reported already)."""
+
+    def __init__(self, shape: tuple, axis: int, order: str) -> None:
+        self.shape, self.axis = shape, axis
+        self.count = shape[axis]
+        # Flat indices run through one channel `stride` at a time.
+        self.stride = int(np.prod(shape[axis + 1:] if order == "C" else shape[:axis], dtype=np.int64))
+        self.lo = np.full(self.count, np.inf)
+        self.hi = np.full(self.count, -np.inf)
+
+    @classmethod
+    def of(cls, shape, dtype, order: str) -> "_ChannelRanges | None":
+        axis = channel_axis(shape) if shape is not None else None
+        if axis is None or dtype is None or dtype.kind not in "fiu" or order not in ("C", "F"):
+            return None
+        return cls(shape, axis, order)
+
+    def feed(self, chunk: np.ndarray, offset: int) -> None:
+        period = self.stride * self.count  # every channel once
+        head = min(chunk.size, (-offset) % period)
+        if head:
+            self._feed_partly(chunk[:head], offset)
+        body, start = chunk[head:], offset + head
+        whole = body.size // period * period
+        if whole:
+            blocks = body[:whole].reshape(-1, self.count, self.stride)
+            np.minimum(self.lo, blocks.min(axis=(0, 2)), out=self.lo)
+            np.maximum(self.hi, blocks.max(axis=(0, 2)), out=self.hi)
+        if whole < body.size:
+            self._feed_partly(body[whole:], start + whole)
+
+    def _feed_partly(self, values: np.ndarray, offset: int) -> None:
+        channel = (np.arange(offset, offset + values.size, dtype=np.int64) // self.stride) % self.count
+        np.minimum.at(self.lo, channel, values)
+        np.maximum.at(self.hi, channel, values)
+
+    def findings(self) -> list[Finding]:
+        dead = [int(c) for c in np.flatnonzero(self.lo == self.hi)]
+        if not dead:
+            return []
+        layout = "NCHW" if self.axis == 1 else "NHWC"
+        values = ", ".join(f"channel {c} is all {self.lo[c].item():g}" for c in dead[:4])
+        return [Finding("constant", len(dead),
+                        f"{values} (axis {self.axis} of {layout} images, {self.count} channels): normalising "
+                        f"per channel by its std divides by zero (NaN)")]
 
 
 def is_checkable(dtype: np.dtype) -> bool:

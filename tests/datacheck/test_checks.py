@@ -1,5 +1,6 @@
 """The array checks themselves: pure numpy, chunk by chunk."""
 import numpy as np
+import pytest
 
 from nandoctor.datacheck.checks import CheckOptions, check_array, looks_like_label
 
@@ -133,6 +134,25 @@ def test_a_dead_channel_of_an_image_batch_is_constant():
     rgbd[..., 3] = 0.0  # 16 x 16 pictures of 4 channels: the 4 are the channels
     (finding,) = check_array(rgbd)
     assert "channel 3 is all 0" in finding.detail and "NHWC" in finding.detail
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC", "NCHW, Fortran order"])
+@pytest.mark.parametrize("chunk_bytes", [4 * 7, 4 * 100, 1 << 20])  # chunks across channels, and whole
+def test_a_dead_channel_is_found_chunk_by_chunk_wherever_the_chunks_break(layout, chunk_bytes):
+    images = np.random.default_rng(0).random((6, 3, 8, 8)).astype(np.float32)
+    images[:, 1] = 0.5
+    if layout == "NHWC":
+        images = np.ascontiguousarray(images.transpose(0, 2, 3, 1))
+    elif layout.endswith("Fortran order"):
+        images = np.asfortranarray(images)
+    (finding,) = check_array(images, options=CheckOptions(chunk_bytes=chunk_bytes))
+    assert finding.check == "constant" and finding.count == 1 and "channel 1 is all 0.5" in finding.detail
+
+
+def test_near_miss_channels_that_vary_only_between_chunks_are_not_dead():
+    images = np.zeros((4, 2, 8, 8), np.float32)
+    images[3] = 1.0  # each channel is constant within every early chunk, not over the batch
+    assert check_array(images, options=CheckOptions(chunk_bytes=4 * 64)) == []
 
 
 def test_arrays_that_are_not_image_batches_have_no_channels_to_check():

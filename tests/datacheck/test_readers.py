@@ -407,6 +407,14 @@ def test_a_broken_json_document_is_unreadable_and_says_where(tmp_path):
     assert problem.check == "unreadable" and "column 13" in problem.detail
 
 
+def test_a_dead_band_of_images_inside_an_npz_is_found_as_in_an_npy(tmp_path):
+    tiles = np.random.default_rng(0).random((16, 4, 16, 16)).astype(np.float32)
+    tiles[:, 3] = 0.0  # a band the export never wrote
+    np.savez(tmp_path / "tiles.npz", images=tiles, labels=np.arange(16))
+    (problem,) = problems_of(tmp_path / "tiles.npz", chunk_bytes=4096)
+    assert (problem.key, problem.check) == ("images", "constant") and "channel 3 is all 0" in problem.detail
+
+
 def test_csv_inf_is_reported(tmp_path):
     write_rows(tmp_path / "t.csv", [["x"], [1.0], ["inf"], [2.0]])
     (problem,) = problems_of(tmp_path / "t.csv")
