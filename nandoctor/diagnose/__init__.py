@@ -8,6 +8,8 @@ and returns the first cause that applies, or `unknown` with the facts that were 
 """
 from __future__ import annotations
 
+import dataclasses
+
 from nandoctor.detect.result import AmpScaling, Detection, Discarded, History, StopReason
 from nandoctor.diagnose import rules as _rules  # noqa: F401  (registers every rule)
 from nandoctor.diagnose import words
@@ -57,11 +59,20 @@ def _amp_skips(amp: AmpScaling) -> str:
 
 
 def diagnose(ev: Evidence) -> Cause:
+    failed = []
     for rule in candidate_rules(ev):
-        cause = rule(ev)
+        try:
+            cause = rule(ev)
+        except Exception as exc:  # noqa: BLE001 - a bug in one rule must not cost the report its finding
+            failed.append(f"`{rule.__name__}` raised {type(exc).__name__}: {error_message(exc)}")
+            continue
         if cause is not None:
             return cause
-    return unknown(ev)
+    cause = unknown(ev)
+    if failed:
+        cause = dataclasses.replace(cause, explanation=cause.explanation + " Of nandoctor's own rules, "
+                                    + "; ".join(failed) + " (a bug in nandoctor: please report it with this report).")
+    return cause
 
 
 def candidate_rules(ev: Evidence):

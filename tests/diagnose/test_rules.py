@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from helpers import detect, read_back, run_nandoctor
 from nandoctor.detect.result import Detection, Location, Site, SiteFacts, StopReason
 from nandoctor.diagnose import build_report
-from nandoctor.stats import TensorSummary
+from nandoctor.stats import TensorSummary, summarize
 
 
 def optimizer_by_hand(update: str, loss: str) -> str:
@@ -1126,3 +1126,29 @@ class TestMaskValueUsed:
         dist = torch.rand(3, 4)
         cause = cause_of(lambda: torch.softmax(dist.masked_fill(torch.tensor([True, False, False, False]), float("inf")), -1))
         assert cause.id == "inf_arithmetic" and "+inf" in cause.title and "(-dist)" in cause.fix
+
+
+def test_a_rule_that_raises_costs_the_report_nothing_but_that_rule(monkeypatch):
+    from nandoctor.diagnose import registry
+
+    def broken_rule(ev):
+        raise AttributeError("'Site' object has no attribute 'parents'")
+
+    monkeypatch.setattr(registry, "_context_rules", [broken_rule, *registry._context_rules])
+    cause = cause_of(lambda: torch.log(torch.zeros(2)))
+    assert cause.id == "log_nonpositive"  # the next rules still name it
+
+
+def test_near_miss_when_no_other_rule_applies_the_failure_is_told_as_a_bug():
+    from nandoctor.diagnose import registry
+
+    def broken_rule(ev):
+        raise KeyError("inputs")
+
+    site = Site(op="aten.mystery.default", phase="forward", location=None, module=None, backward_node=None,
+                inputs=[], output=summarize(torch.tensor([float("nan")]), "out"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(registry, "_context_rules", [broken_rule])
+        patch.setattr(registry, "_fallback_rules", [])
+        cause = cause_of_root(site)
+    assert cause.id == "unknown" and "`broken_rule` raised KeyError" in cause.explanation
