@@ -47,7 +47,23 @@ class Terminal:
             for renderable in renderables:
                 # A path is printed whole, never wrapped or cropped, so it can be copied.
                 self.console.print(renderable, soft_wrap=isinstance(renderable, WholeLine))
-        return captured.get()
+        return _encodable(captured.get(), self.console.encoding)
+
+
+# A stream that cannot write the report's own marks (`LC_ALL=C` in a bare container: ASCII)
+# gets one ASCII character for each, so the columns and the frame still line up (rich
+# draws the frame itself in ASCII there).
+_ASCII_MARKS = str.maketrans("│→∈×─—–…▁▂▃▄▅▆▇█", "|>=x---._.-=+*##")
+
+
+def _encodable(text: str, encoding: str) -> str:
+    try:
+        text.encode(encoding)
+        return text
+    except UnicodeEncodeError:
+        return text.translate(_ASCII_MARKS).encode(encoding, "replace").decode(encoding)
+    except LookupError:  # an encoding Python does not know: leave it to the stream
+        return text
 
 
 class WholeLine(Text):

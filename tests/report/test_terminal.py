@@ -54,6 +54,23 @@ def test_a_nonfinite_report_shows_cause_fix_root_source_inputs_and_lineage(tmp_p
     assert "loss:" in text and "▁" in text and "█" in text
 
 
+def test_on_an_ascii_stream_every_mark_has_one_ascii_character_and_the_frame_lines_up(tmp_path):
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii")  # stderr under LC_ALL=C
+    text = Terminal(Console(file=stream, width=110, no_color=True), context_lines=1).render_run(
+        nonfinite_report(tmp_path))
+    text.encode("ascii")
+    assert ">    2 | loss = -(y * torch.log(p)).sum()" in text and "self float32[4] x=[0, 0.9]" in text
+    framed = [line for line in text.splitlines() if line.startswith("|")]
+    assert framed and {len(line) for line in framed} == {110}
+
+
+def test_near_miss_a_utf8_stream_keeps_the_marks(tmp_path):
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    text = Terminal(Console(file=stream, width=110, no_color=True), context_lines=1).render_run(
+        nonfinite_report(tmp_path))
+    assert "→    2 │ loss" in text and "x∈[0, 0.9]" in text
+
+
 def test_user_text_is_never_read_as_markup(tmp_path):
     text = rendered(nonfinite_report(tmp_path), no_color=True)
     assert "[bold]not markup[/]" in text
