@@ -1021,6 +1021,9 @@ class Detector(Observer):
             needs_replay = True
         if born.phase == "backward" and born.backward_node is not None and not born.op:
             needs_replay = True  # a node that could not run again op by op (see node_went_nonfinite)
+        if reason is StopReason.GRADIENT_BEFORE_STEP and self.amp.from_scaled_gradients(event):
+            # scaler.step() steps only on finite unscaled gradients: these came in around it.
+            event.facts.scaled_gradient_stepped = True
         if reason is StopReason.GRADIENT_BEFORE_STEP and born.phase == "backward" and not born.op:
             # A gradient no op nandoctor saw made: what a node left to the step's check made
             # (see nodes.py, `_LEFT_TO_THE_STEP`), or summed out of sight. The replay checks

@@ -139,6 +139,7 @@ class SiteFacts:
     optimizer: str | None = None  # the optimizer's class
     untracked_input: bool = False  # an input was non-finite and no op nandoctor saw made it
     unwatched_thread: str | None = None  # first seen on this thread, whose ops the per-op watch does not see
+    scaled_gradient_stepped: bool = False  # a GradScaler's scaled gradient reached optimizer.step(), not scaler.step()
     entered: bool = False  # the value entered torch non-finite here (torch.tensor, from_numpy)
     inf_written_at: Location | None = None  # where the intended Inf this op consumed was written
     inf_written_by: str | None = None  # ...the op that wrote it, when it has no user line
@@ -178,7 +179,7 @@ class SiteFacts:
             if p.buffer:
                 out["parameter_buffer"] = True
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
-                    "user_backward", "written_on_purpose", "own_optimizer"):
+                    "user_backward", "written_on_purpose", "own_optimizer", "scaled_gradient_stepped"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",

@@ -12,7 +12,8 @@ from nandoctor.detect.result import StopReason
 from nandoctor.detect.watch import StepWatcher
 
 
-def _amp_training(extra_loss=None, steps: int = 40, init_scale: float = 2.0 ** 30, log_grad_norm: bool = False):
+def _amp_training(extra_loss=None, steps: int = 40, init_scale: float = 2.0 ** 30, log_grad_norm: bool = False,
+                  step_through_the_scaler: bool = True):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -30,7 +31,10 @@ def _amp_training(extra_loss=None, steps: int = 40, init_scale: float = 2.0 ** 3
             scaler.unscale_(opt)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=False)
             read_back(norm)
-        scaler.step(opt)
+        if step_through_the_scaler:
+            scaler.step(opt)
+        else:  # the bug: the optimizer's own step takes the steps the scaler would skip
+            opt.step()
         scaler.update()
         if log_grad_norm:
             read_back(norm)  # (printed after the step it belongs to was skipped)
@@ -67,6 +71,17 @@ def test_a_gradient_norm_the_script_logs_on_a_step_the_scaler_skips_is_not_a_fin
 def test_near_miss_a_logged_gradient_norm_does_not_hide_a_scale_that_collapses():
     found = detect(lambda: _amp_training(_sqrt_of_zero, log_grad_norm=True))
     assert found.stopped and found.detection.reason is StopReason.AMP_SCALE_COLLAPSE
+
+
+def test_an_optimizer_step_that_bypasses_the_scaler_is_a_finding_whose_fix_is_scaler_step():
+    from nandoctor.diagnose import build_report
+
+    found = detect(lambda: _amp_training(log_grad_norm=True, step_through_the_scaler=False))
+    assert found.stopped and found.detection.reason is StopReason.GRADIENT_BEFORE_STEP
+    assert found.detection.event.facts.scaled_gradient_stepped
+    cause = build_report("t.py", exit_code=3, detection=found.detection).cause
+    assert cause.id == "fp16_overflow" and "`scaler.step(optimizer)`" in cause.fix
+    assert "running statistics" not in cause.explanation  # not a cast of values float16 cannot hold
 
 
 def test_watch_mode_lets_the_scaler_skip_steps_too():

@@ -35,6 +35,25 @@ def made_on_an_unwatched_thread(ev: Evidence) -> Cause | None:
 
 
 @context_rule
+def scaler_step_bypassed(ev: Evidence) -> Cause | None:
+    """A GradScaler's scaled gradients overflow float16 now and then by design; only its own
+    `step()` skips those steps. The optimizer's `step()` called directly takes them."""
+    if not ev.event.facts.scaled_gradient_stepped:
+        return None
+    return Cause(
+        "fp16_overflow",
+        "the optimizer stepped on scaled gradients no GradScaler checked",
+        "The loss was scaled with `scaler.scale(loss)`, and its scaled gradients overflowed float16 in "
+        "backward (the root below). That is how a GradScaler finds the largest scale that fits: "
+        "`scaler.step(optimizer)` skips such a step and `scaler.update()` lowers the scale. Here "
+        f"`optimizer.step()` was called itself, on gradients holding {_bad(ev.event.output)}: they went into "
+        "the update.",
+        "Step through the scaler: `scaler.step(optimizer)` then `scaler.update()`, in place of `optimizer.step()` "
+        "(keep `scaler.unscale_(optimizer)` before clipping).",
+    )
+
+
+@context_rule
 def amp_scale_collapse(ev: Evidence) -> Cause | None:
     amp = ev.facts.amp
     if amp is None:
