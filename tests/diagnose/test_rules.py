@@ -935,6 +935,30 @@ class TestContext:
         cause = cause_of(lambda: torch.softmax(scores.masked_fill(mask, float("-inf")), -1))
         assert cause.id == "inf_arithmetic"
 
+    @staticmethod
+    def _encoder_in_eval(left_padding: bool, boolean_masks: bool):
+        """nn.TransformerEncoderLayer's fused eval path under a causal mask: a left pad
+        position attends to padding only."""
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(4)
+        pad = torch.tensor([[left_padding, False, False, not left_padding], [False] * 4])
+        if boolean_masks:
+            causal = causal.isinf()
+        else:
+            pad = torch.zeros(2, 4).masked_fill(pad, float("-inf"))
+        with torch.no_grad():
+            return layer(torch.randn(2, 4, 8), src_mask=causal, src_key_padding_mask=pad).mean()
+
+    @pytest.mark.parametrize("boolean_masks", [True, False])
+    def test_a_fused_attention_whose_query_has_no_key_left_is_a_fully_masked_row(self, boolean_masks):
+        cause = cause_of(lambda: self._encoder_in_eval(left_padding=True, boolean_masks=boolean_masks))
+        assert cause.id == "inf_arithmetic" and "every key is masked" in cause.title
+        assert "pad on the right" in cause.fix and "finfo" not in cause.fix.split(".")[0]
+
+    def test_near_miss_right_padding_under_the_same_causal_mask_is_clean(self):
+        assert stays_clean(lambda: self._encoder_in_eval(left_padding=False, boolean_masks=False))
+
 
 def test_logsumexp_backward_over_an_all_minus_inf_row_is_rooted_in_backward():
     s = torch.nn.Parameter(torch.randn(3, 4))

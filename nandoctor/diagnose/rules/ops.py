@@ -724,10 +724,38 @@ def softmax_all_masked(ev: Evidence) -> Cause | None:
         + (f" The -inf was written at {words.inf_source(ev.facts)}." if words.inf_source(ev.facts) else "")
         + (" That causal mask is `triu` without `diagonal=1`: it masks the diagonal too, so the first position "
            "may attend to nothing." if diagonal else ""),
-        ("Keep each position's own score: `torch.triu(..., diagonal=1)`. " if diagonal else "") +
-        "Handle the rows with nothing to attend to (an empty set, an all-padding sequence): drop them from the "
-        "batch, or give them finite scores before the softmax and zero weights after it (`any_valid = "
-        "valid.any(-1, keepdim=True); w = torch.softmax(torch.where(any_valid, masked, 0.0), -1) * any_valid`), "
-        "or keep one position always valid (a CLS/null token). A finite fill (`torch.finfo(x.dtype).min`) only hides the NaN: such a row then "
-        "attends uniformly to padding.",
+        ("Keep each position's own score: `torch.triu(..., diagonal=1)`. " if diagonal else "") + _ROWS_WITH_NOTHING,
+    )
+
+
+_ROWS_WITH_NOTHING = (
+    "Handle the rows with nothing to attend to (an empty set, an all-padding sequence): drop them from the "
+    "batch, or give them finite scores before the softmax and zero weights after it (`any_valid = "
+    "valid.any(-1, keepdim=True); w = torch.softmax(torch.where(any_valid, masked, 0.0), -1) * any_valid`), "
+    "or keep one position always valid (a CLS/null token). A finite fill (`torch.finfo(x.dtype).min`) only hides "
+    "the NaN: such a row then attends uniformly to padding.")
+
+
+@op_rule("_transformer_encoder_layer_fwd", "_native_multi_head_attention", "scaled_dot_product_attention",
+         "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu",
+         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+         "_scaled_dot_product_cudnn_attention")
+def attention_all_masked(ev: Evidence) -> Cause | None:
+    """A fused attention (nn.TransformerEncoderLayer's and nn.MultiheadAttention's fast path in
+    eval, F.scaled_dot_product_attention) whose -inf mask leaves a query no key."""
+    mask = ev.input("mask", "attn_mask")
+    others = [s for s in ev.root.inputs if s is not mask]
+    if mask is None or not mask.neginf or not ev.made_nan() or any(s.nonfinite for s in others):
+        return None
+    source = words.inf_source(ev.facts)
+    return Cause(
+        "inf_arithmetic",
+        "attention for a query whose every key is masked",
+        f"At {ev.where} ({ev.code}) `{ev.op}` was given a -inf mask ({count_of(mask.neginf, mask)}) and made NaN "
+        f"({_out(ev)}) from finite inputs: a query whose every key is masked takes a softmax over nothing, "
+        "exp(-inf - (-inf)) = NaN. Left padding under a causal mask does it (a leading pad position may attend "
+        "only to padding), as does a sequence that is all padding. The fused kernels of `nn.TransformerEncoderLayer` "
+        "and `nn.MultiheadAttention` in eval mode give such rows NaN even where the training path did not."
+        + (f" The -inf was written at {source}." if source else ""),
+        "With a causal mask, pad on the right, or leave each position its own key unmasked. " + _ROWS_WITH_NOTHING,
     )
