@@ -94,6 +94,8 @@ class Recorder:
             facts.writes_parameter = True
             facts.parameter = facts.parameter or written
         output = summarize(out, "output")
+        if origin and not intended and _an_extreme_fill_overflowed(inputs, output):
+            intended = facts.written_on_purpose = True
         phase = self.phase(node, args)
         facts.own_optimizer = phase == "optimizer" and self.locator.in_own_optimizer()
         if phase == "forward" and module is None and _updates_weight_by_hand(func, args, self.state.grad_enabled()):
@@ -304,9 +306,12 @@ class Recorder:
         bad value in it has finite values around it; a NaN is never a sentinel here.)"""
         record = self.bare(op, t, phase)
         record.facts.entered = True
-        if not record.intended and record.output.nan == 0 and _types_an_infinity(record.where):
+        if not record.intended and _types_a_nonfinite_value(record.where) and \
+                (record.output.nan == 0 or _nothing_finite(record.output)):
             # Bounds and constraints typed at the line that builds the tensor (`lower =
-            # torch.tensor([0.0, -inf])`, `torch.tensor([1.0, math.inf])`): written on purpose.
+            # torch.tensor([0.0, -inf])`, `torch.tensor([1.0, math.inf])`), a NaN for "no
+            # value yet" (`ema = torch.tensor(float("nan"))`): written on purpose. (A NaN
+            # typed among finite values is a missing measurement: data.)
             record.intended = record.facts.written_on_purpose = True
             record.facts.untracked_input = False
         if record.intended:
@@ -515,17 +520,38 @@ def _inputs_named(name: str, value: Any, tensor_typed: bool):
                 yield f"{name}[{j}]", item
 
 
-# An infinity written in the source: `float("inf")`, `math.inf`, `np.inf`, `-inf`.
-_INFINITY = re.compile(r"\binf(inity)?\b", re.IGNORECASE)
+# A non-finite value written in the source: `float("inf")`, `math.inf`, `-np.inf`, `float("nan")`.
+_NONFINITE_LITERAL = re.compile(r"\b(inf(inity)?|nan)\b", re.IGNORECASE)
 
 
-def _types_an_infinity(where) -> bool:
-    """Does the script's line (its comment aside) write an infinity itself? Values parsed
-    or computed elsewhere (`torch.tensor(row)`, `torch.tensor(np.log(p))`) are data."""
+def _types_a_nonfinite_value(where) -> bool:
+    """Does the script's line (its comment aside) write a non-finite value itself? Values
+    parsed or computed elsewhere (`torch.tensor(row)`, `torch.tensor(np.log(p))`) are data."""
     if where is None:
         return False
     code, line = where
-    return _INFINITY.search(linecache.getline(code.co_filename, line).split("#", 1)[0]) is not None
+    return _NONFINITE_LITERAL.search(linecache.getline(code.co_filename, line).split("#", 1)[0]) is not None
+
+
+def _an_extreme_fill_overflowed(inputs: list[TensorSummary], output: TensorSummary) -> bool:
+    """A mask written as its dtype's extreme finite value (`masked_fill(eye, finfo(dtype).min)`,
+    as Hugging Face writes attention masks) that an op scaled or added past the range: its
+    -inf is the mask still (`sim / temperature` in bfloat16). The infinities are of the
+    extreme's sign, and no NaN."""
+    if output.nan or bool(output.posinf) == bool(output.neginf):
+        return False
+    for s in inputs:
+        dtype = getattr(torch, s.dtype, None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or s.min is None:
+            continue
+        extreme = torch.finfo(dtype)
+        if (output.neginf and s.min == extreme.min) or (output.posinf and s.max == extreme.max):
+            return True
+    return False
+
+
+def _nothing_finite(summary: TensorSummary) -> bool:
+    return summary.numel > 0 and summary.nan + summary.posinf + summary.neginf == summary.numel
 
 
 def _one_infinity_only(summary: TensorSummary) -> bool:

@@ -1422,6 +1422,30 @@ class TestSentinels:
         result = detect(lambda: read_back(torch.tensor([0.0, float("inf"), float("nan")])))
         assert result.stopped and not result.detection.root.facts.written_on_purpose
 
+    @staticmethod
+    def _scores_masked_with_the_dtype_minimum(row_with_nothing: bool):
+        """NT-Xent in bfloat16: the diagonal masked with finfo.min, then divided by the
+        temperature, which takes it past the range to -inf; a log prints it."""
+        torch.manual_seed(0)
+        sim = torch.randn(4, 4, dtype=torch.bfloat16)
+        mask = torch.eye(4, dtype=torch.bool)
+        if row_with_nothing:
+            mask[0] = True
+        scores = sim.masked_fill(mask, torch.finfo(sim.dtype).min) / 0.1
+        read_back(scores[1, 1])
+        read_back(torch.softmax(scores.float(), -1))
+
+    def test_a_dtype_minimum_mask_scaled_past_the_range_is_still_a_mask(self):
+        assert not detect(lambda: self._scores_masked_with_the_dtype_minimum(row_with_nothing=False)).stopped
+
+    def test_near_miss_a_row_it_masks_entirely_still_makes_the_softmax_nan(self):
+        result = detect(lambda: self._scores_masked_with_the_dtype_minimum(row_with_nothing=True))
+        assert result.stopped and result.detection.root.op == "aten._softmax.default"
+
+    def test_near_miss_an_ordinary_overflow_read_back_is_no_mask(self):
+        result = detect(lambda: read_back(torch.tensor([3e38, 1.0]) * 2))
+        assert result.stopped and result.detection.root.op == "aten.mul.Tensor"
+
     def test_near_miss_data_with_an_inf_among_finite_values_is_input_data(self):
         def load():
             row = [float(v) for v in "1.0 inf 3.0".split()]  # parsed from a file
@@ -1431,9 +1455,28 @@ class TestSentinels:
         assert result.stopped and result.detection.root.facts.entered
         assert not result.detection.root.facts.written_on_purpose
 
-    def test_near_miss_a_nan_is_never_a_sentinel(self):
-        result = detect(lambda: read_back(torch.tensor(float("nan"))))
-        assert result.stopped
+    def test_a_nan_typed_as_a_no_value_yet_placeholder_may_be_read(self):
+        def logger():
+            ema = torch.tensor(float("nan"))  # no loss seen yet
+            print(f"ema before training: {ema.item()}")
+            losses = [torch.tensor(2.0), torch.tensor(1.0)]
+            seen = 0
+            best = float("inf")
+            for loss in losses:
+                ema = loss if torch.isnan(ema) else 0.9 * ema + 0.1 * loss
+                seen, best = seen + 1, min(best, loss.item())
+            read_back(ema)
+
+        assert not detect(logger).stopped
+
+    def test_near_miss_a_nan_placeholder_used_as_a_number_is_found(self):
+        def logger():
+            ema = torch.tensor(float("nan"))
+            for loss in (torch.tensor(2.0), torch.tensor(1.0)):
+                ema = 0.9 * ema + 0.1 * loss  # never replaced: NaN for good
+            read_back(ema)
+
+        assert detect(logger).stopped
 
 
 class TestSentinelsInCopiesAndCheckpoints:

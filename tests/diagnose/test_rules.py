@@ -983,9 +983,14 @@ def test_an_inf_written_by_a_seen_op_is_never_said_to_come_from_outside():
     assert "came from outside" not in masked.explanation
 
 
-def test_a_nan_built_from_a_python_number_is_input_data():
-    cause = cause_of(lambda: torch.tensor([float("nan")]).mul(1))
+def test_a_nan_built_from_python_numbers_among_finite_ones_is_input_data():
+    cause = cause_of(lambda: torch.tensor([2.0, float("nan")]).mul(1))  # a missing measurement
     assert cause.id == "nonfinite_input_data" and "outside torch" in cause.explanation
+
+
+def test_near_miss_a_lone_nan_typed_as_a_placeholder_and_used_as_a_number_is_the_placeholder_used():
+    cause = cause_of(lambda: torch.tensor([float("nan")]).mul(1))
+    assert cause.id == "mask_value_used" and "placeholder" in cause.title
 
 
 def test_unknown_lists_what_was_checked():
