@@ -857,6 +857,18 @@ class TestContext:
         assert cause.id == "inf_arithmetic" and cause.title == "a mask multiplied by an infinity"
         assert "torch.where(allowed, 0.0, float('-inf'))" in cause.fix
 
+    @pytest.mark.parametrize("term", [
+        # soft-target cross entropy: a probability of 0 on an illegal move whose logit is -inf
+        lambda: torch.tensor([[0.7, 0.3, 0.0]]) * torch.log_softmax(
+            torch.tensor([[1.0, 0.5, float("-inf")]]), -1),
+        # a transport plan of 0 on a forbidden cell whose cost is +inf
+        lambda: torch.tensor([[0.5, 0.0], [0.0, 0.5]]) * torch.tensor([[1.0, float("inf")], [float("inf"), 2.0]]),
+    ])
+    def test_zero_weights_on_infinite_values_are_dropped_not_multiplied(self, term):
+        cause = cause_of(term)
+        assert cause.id == "inf_arithmetic" and cause.title == "zero weights multiplied by infinite values"
+        assert "torch.where(w > 0, w * v, 0.0)" in cause.fix and "additive mask" not in cause.explanation
+
     def test_near_miss_a_running_max_that_starts_at_minus_inf_is_clean(self):
         mask = torch.zeros(3, 6, dtype=torch.bool)
         mask[1, :2] = True  # masked, but every chunk keeps a value

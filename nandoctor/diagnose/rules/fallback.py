@@ -199,6 +199,26 @@ def float_overflow(ev: Evidence) -> Cause | None:
     )
 
 
+def _zero_weights_times_infinite_values(ev: Evidence, zeros, infinite) -> Cause:
+    """`pi * log_softmax(masked_logits)`, `plan * cost` with forbidden cells at +inf: weights
+    that are 0 where the values are infinite. The term is meant to vanish there; 0 * inf is
+    NaN instead."""
+    return Cause(
+        "inf_arithmetic",
+        "zero weights multiplied by infinite values",
+        f"At {ev.where} ({ev.code}) `{infinite.name}` holds {_infinities(infinite)} (a log-probability of a masked "
+        f"class, an infinite cost) and `{zeros.name}` weighs them by 0 ({count_of(zeros.zeros, zeros)} zeros): "
+        f"0 * inf = NaN ({ev.output.nan if ev.output else 'some'} NaN), where the term was meant to vanish.",
+        "Drop the zero-weight terms instead of multiplying them: `torch.where(w > 0, w * v, 0.0)` for weights `w` "
+        "and values `v` (`torch.xlogy(p, q)` for p * log q), or keep the values finite where they are masked (a "
+        "`torch.finfo(dtype).min` mask for the logits, a large finite cost).",
+    )
+
+
+def _infinities(s) -> str:
+    return " and ".join(f"{count_of(n, s)} {sign}" for n, sign in ((s.posinf, "+inf"), (s.neginf, "-inf")) if n)
+
+
 def _mask_times_inf(ev: Evidence) -> Cause | None:
     """`(1 - allowed) * float("-inf")`: a 0/1 mask multiplied by an infinity, as older code
     builds an additive attention mask with a large negative number; with -inf itself the
@@ -210,6 +230,8 @@ def _mask_times_inf(ev: Evidence) -> Cause | None:
     infinite = next((s for s in inputs if s.posinf or s.neginf), None)
     if zeros is None or infinite is None:
         return None
+    if infinite.posinf + infinite.neginf < infinite.numel:
+        return _zero_weights_times_infinite_values(ev, zeros, infinite)
     return Cause(
         "inf_arithmetic",
         "a mask multiplied by an infinity",
