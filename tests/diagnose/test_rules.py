@@ -869,6 +869,27 @@ class TestContext:
         assert cause.id == "inf_arithmetic" and cause.title == "zero weights multiplied by infinite values"
         assert "torch.where(w > 0, w * v, 0.0)" in cause.fix and "additive mask" not in cause.explanation
 
+    @staticmethod
+    def _choose_among_unvisited(visited_every_city: bool):
+        """A pointer network's decoding step: visited cities masked with -inf."""
+        from torch.distributions import Categorical
+
+        torch.manual_seed(0)
+        visited = torch.zeros(4, 5, dtype=torch.bool)
+        visited[:, :3] = True
+        if visited_every_city:
+            visited[0] = True  # one step past the end of the tour
+        logits = torch.randn(4, 5).masked_fill(visited, float("-inf"))
+        return Categorical(logits=logits, validate_args=False).entropy()  # (validating raises over the NaN)
+
+    def test_a_categorical_over_a_row_with_nothing_left_to_choose_is_minus_inf_minus_itself(self):
+        cause = cause_of(lambda: self._choose_among_unvisited(visited_every_city=True))
+        assert cause.id == "inf_arithmetic" and "logsumexp that is -inf itself" in cause.title
+        assert "only hides the NaN" in cause.fix
+
+    def test_near_miss_a_categorical_with_a_city_left_in_every_row_is_clean(self):
+        assert stays_clean(lambda: self._choose_among_unvisited(visited_every_city=False))
+
     def test_near_miss_a_running_max_that_starts_at_minus_inf_is_clean(self):
         mask = torch.zeros(3, 6, dtype=torch.bool)
         mask[1, :2] = True  # masked, but every chunk keeps a value

@@ -141,7 +141,7 @@ def inf_arithmetic(ev: Evidence) -> Cause | None:
     born = words.inf_source(ev.facts)
     if ev.inputs_finite() and not born:
         return None
-    masked = _mask_times_inf(ev)
+    masked = _mask_times_inf(ev) or _minus_inf_minus_itself(ev, born)
     if masked is not None:
         return masked
     return Cause(
@@ -196,6 +196,28 @@ def float_overflow(ev: Evidence) -> Cause | None:
         f"{fmt(_largest_input(ev))}.",
         "Scale the values down (normalise inputs, smaller initialisation, lower learning rate) or compute in a "
         "wider dtype (float64 for this op).",
+    )
+
+
+def _minus_inf_minus_itself(ev: Evidence, born: str | None) -> Cause | None:
+    """`x - x.logsumexp(-1, keepdim=True)` (`Categorical(logits=x)`, a log-softmax by hand)
+    or `x - running_max` where everything reduced over is -inf: -inf - (-inf) = NaN."""
+    x, reduced = ev.input("self"), ev.input("other")
+    if not ev.op.startswith("sub") or not ev.made_nan() or x is None or reduced is None \
+            or not x.neginf or not reduced.neginf:
+        return None
+    return Cause(
+        "inf_arithmetic",
+        "values normalised by a max or logsumexp that is -inf itself",
+        f"At {ev.where} ({ev.code}) `sub` takes -inf values ({count_of(x.neginf, x)}) minus a reduction of them "
+        f"that is -inf too ({count_of(reduced.neginf, reduced)}): -inf - (-inf) = NaN ({ev.output.nan} NaN). "
+        "That is `x - x.logsumexp(-1, keepdim=True)`, what `Categorical(logits=x)` and a log-softmax by hand compute, "
+        "or `x - running_max`, over entries that are all masked: a row with nothing left to choose (a decoding "
+        "loop that runs one step too many, a sample with no valid class), or a chunk with nothing unmasked yet."
+        + (f" The -inf was written at {born}." if born else ""),
+        "Make sure every row keeps an entry it may choose (stop the loop when all are taken, give an empty row a "
+        "dummy valid entry, or drop it), or start a running max at a finite value. A finite fill "
+        "(`torch.finfo(x.dtype).min`) only hides the NaN: such a row then chooses uniformly among masked entries.",
     )
 
 
