@@ -1214,3 +1214,25 @@ def test_near_miss_when_no_other_rule_applies_the_failure_is_told_as_a_bug():
         patch.setattr(registry, "_fallback_rules", [])
         cause = cause_of_root(site)
     assert cause.id == "unknown" and "`broken_rule` raised KeyError" in cause.explanation
+
+
+def _dropped_then_leaked(op: str, inputs: list[TensorSummary]) -> Site:
+    """A root whose non-finite output the script dropped in forward (an ignored target, a
+    mask) and whose gradient then leaked NaN through `LogSoftmaxBackward0`."""
+    out = TensorSummary("output", (2, 4), "float32", 0.1, 0.9, 4, 0, 0, 0, 0, 8)
+    facts = SiteFacts(masked=True, gradient_leak_through="LogSoftmaxBackward0")
+    return Site(op=op, phase="forward", location=Location("t.py", 3, "forward", "att = F.softmax(att, -1)"),
+                inputs=inputs, output=out, facts=facts)
+
+
+def test_a_softmax_over_a_fully_masked_row_whose_nan_leaked_is_still_the_row_with_nothing():
+    scores = TensorSummary("self", (2, 4), "float32", -1.0, 1.0, 0, 0, 6, 0, 1, 8)  # 6 -inf: one row all masked
+    cause = cause_of_root(_dropped_then_leaked("aten._softmax.default", [scores]))
+    assert cause.id == "inf_arithmetic" and "entirely -inf" in cause.title
+
+
+def test_near_miss_a_log_whose_masked_inf_leaked_is_the_gradient_leak():
+    zeros = TensorSummary("self", (2, 4), "float32", 0.0, 1.0, 0, 0, 0, 2, 0, 8)
+    cause = cause_of_root(_dropped_then_leaked("aten.log.default", [zeros]))
+    assert cause.id == "masked_inf_gradient_leak"
+

@@ -126,6 +126,8 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         return None  # (made while preparing data, a target normalised by its own zero sum: the op's own bug)
     if _log_of_softmax(ev):
         return None  # (log(softmax) whose 0 a loss's pick left out: no mask of the user's, a log of 0)
+    if _softmax_over_nothing(ev):
+        return None  # (a row with nothing to attend to made the NaN itself: its fix is the row's, see ops.py)
     out = ev.output
     infs = (out.posinf + out.neginf + out.nan) if out else 0
     return Cause(
@@ -138,6 +140,16 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         "NaN reaches the gradients (pytorch issue 4132).",
         "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): " + _safe_before(ev.op),
     )
+
+
+# Softmaxes and attentions: a NaN they make from -inf inputs is a row whose every entry is masked.
+_SOFTMAX_OPS = {"_softmax", "softmax", "_safe_softmax", "_log_softmax", "log_softmax", "_transformer_encoder_layer_fwd",
+                "_native_multi_head_attention"}
+
+
+def _softmax_over_nothing(ev: Evidence) -> bool:
+    return ev.op in _SOFTMAX_OPS and ev.made_nan() and any(s.neginf for s in ev.root.inputs) \
+        and not any(s.nan or s.posinf for s in ev.root.inputs)
 
 
 def _zero_times(node: str) -> str:
