@@ -596,6 +596,17 @@ class TestExpAndOverflow:
         assert cause.id == "float_overflow"
 
 
+def test_cosh_of_large_negative_residuals_overflows_as_exp_does():
+    # A log-cosh loss whose residuals are all far below zero: cosh(-x) = cosh(x).
+    residual = torch.tensor([-423.0, -283.0, -300.0], requires_grad=True)
+    cause = cause_of(lambda: torch.log(torch.cosh(residual)).mean())
+    assert cause.id == "exp_overflow" and "423" in cause.explanation and "softplus" in cause.fix
+
+
+def test_near_miss_cosh_of_moderate_residuals_of_either_sign_is_clean():
+    assert stays_clean(lambda: torch.log(torch.cosh(torch.tensor([-60.0, 60.0]))).mean())
+
+
 class TestSpecialFunctions:
     def test_a_bessel_function_past_float32s_range_is_an_exp_overflow_fixed_in_log_space(self):
         # A von Mises NLL's normaliser log(2π I0(κ)) with a concentration fit to tight data.

@@ -431,20 +431,27 @@ def logdet_of_negative_determinant(ev: Evidence) -> Cause | None:
 def exp_overflow(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
     limit = EXP_LIMIT.get(ev.dtype, 88.72)
-    if x is None or x.max is None or x.max <= limit * 0.99:
+    if x is None or x.max is None:
         return None
-    blew_up = _weights_blew_up(ev, x.max)
+    hyperbolic = ev.op in ("sinh", "cosh")  # e^|x| / 2: as large for -x as for x
+    peak = max(abs(x.min), abs(x.max)) if hyperbolic else x.max
+    if peak <= limit * 0.99:
+        return None
+    blew_up = _weights_blew_up(ev, peak)
+    largest = "largest magnitude of an input" if hyperbolic else "largest input"
     return Cause(
         "exp_overflow",
-        f"{ev.op} overflow: inputs above {limit} in {ev.dtype}",
-        f"At {ev.where} ({ev.code}) the largest input to {ev.op} is {fmt(x.max)}; exp of anything above {limit} "
+        f"{ev.op} overflow: inputs {'beyond ±' if hyperbolic else 'above '}{limit} in {ev.dtype}",
+        f"At {ev.where} ({ev.code}) the {largest} to {ev.op} is {fmt(peak)}; exp of anything above {limit} "
         f"is Inf in {ev.dtype} ({_out(ev)}). Later arithmetic on the Inf (inf/inf, 0*inf in backward) makes NaN."
         + blew_up,
         _first("Lower the learning rate (10-100x) and clip gradients (`clip_grad_norm_(params, 1.0)`); also," if blew_up
                else None,
-               "Subtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` do it "
-               "for you), keep the computation in log space (`c * torch.exp(-a)` as `torch.exp(torch.log(c) - a)`), "
-               f"or {_exp_clamp(ev.dtype)}"),
+               _first("For a log-cosh loss, `log(cosh(x))` is `x.abs() + F.softplus(-2 * x.abs()) - math.log(2)`, "
+                      "finite everywhere; otherwise" if ev.op == "cosh" else None,
+                      "Subtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` "
+                      "do it for you), keep the computation in log space (`c * torch.exp(-a)` as "
+                      f"`torch.exp(torch.log(c) - a)`), or {_exp_clamp(ev.dtype)}")),
     )
 
 
