@@ -607,6 +607,18 @@ def test_near_miss_cosh_of_moderate_residuals_of_either_sign_is_clean():
     assert stays_clean(lambda: torch.log(torch.cosh(torch.tensor([-60.0, 60.0]))).mean())
 
 
+@pytest.mark.parametrize("eps, cause_id", [(0.0, "zero_variance"), (1e-5, None)])
+def test_a_layer_norm_without_epsilon_over_zero_padded_frames_divides_by_a_zero_variance(eps, cause_id):
+    frames = torch.randn(2, 5, 6)
+    frames[:, 3:] = 0.0  # zero padding after each sequence's end
+    norm = torch.nn.LayerNorm(6, eps=eps)
+    if cause_id is None:  # near miss: the default epsilon keeps a constant frame at 0
+        assert stays_clean(lambda: norm(frames))
+    else:
+        cause = cause_of(lambda: norm(frames))
+        assert cause.id == cause_id and "without epsilon" in cause.title and "eps=1e-5" in cause.fix
+
+
 class TestSpecialFunctions:
     def test_a_bessel_function_past_float32s_range_is_an_exp_overflow_fixed_in_log_space(self):
         # A von Mises NLL's normaliser log(2π I0(κ)) with a concentration fit to tight data.

@@ -374,6 +374,26 @@ def zero_variance(ev: Evidence) -> Cause:
     )
 
 
+@op_rule("native_layer_norm", "layer_norm", "native_group_norm", "group_norm", "native_batch_norm",
+         "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "batch_norm", "instance_norm",
+         "rms_norm", "_fused_rms_norm")
+def norm_without_epsilon(ev: Evidence) -> Cause | None:
+    """A normalisation layer that made NaN from finite inputs: a constant slice (zero padding,
+    a blank frame) has variance 0, and with eps = 0 (Keras `epsilon=0.0`, `nn.LayerNorm(d,
+    eps=0)`) the layer computes (x - mean) / sqrt(0) = 0/0."""
+    if not ev.made_nan() or not ev.inputs_finite():
+        return None
+    return Cause(
+        "zero_variance",
+        "a normalisation layer without epsilon over a constant slice",
+        f"At {ev.where} ({ev.code}) `{ev.op}` made NaN from finite inputs ({_out(ev)}): a slice it normalises is "
+        "constant (zero padding, a blank frame, a dead channel), so its variance is 0, and with an epsilon of 0 "
+        "the layer divides by sqrt(0 + 0): (x - mean) / 0 = 0/0.",
+        "Keep the layer's epsilon above zero (`nn.LayerNorm(d, eps=1e-5)`, Keras `LayerNormalization(epsilon=1e-3)`, "
+        "the defaults), or mask the padding out before normalising.",
+    )
+
+
 @op_rule("_linalg_slogdet", "linalg_slogdet", "slogdet", "logdet")
 def logdet_of_singular_matrix(ev: Evidence) -> Cause | None:
     """slogdet's log|det| is -inf where the determinant is 0 (`torch.logdet` and
