@@ -23,10 +23,10 @@ coverage.py's `execfile.py`:
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
 import linecache
-import ctypes
 import os
 import sys
 import threading
@@ -332,7 +332,6 @@ class _StopsFromThreads:
         self.stops = stops
         self.script_thread = threading.get_ident()
         self.hook = self._excepthook
-        self.previous = threading.excepthook
 
     def __enter__(self) -> "_StopsFromThreads":
         self.previous = threading.excepthook

@@ -325,7 +325,7 @@ class _ChannelRanges:
     reported already)."""
 
     def __init__(self, shape: tuple, axis: int, order: str) -> None:
-        self.shape, self.axis = shape, axis
+        self.axis = axis
         self.count = shape[axis]
         # Flat indices run through one channel `stride` at a time.
         self.stride = int(np.prod(shape[axis + 1:] if order == "C" else shape[:axis], dtype=np.int64))

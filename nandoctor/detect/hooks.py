@@ -60,11 +60,10 @@ class TrainingHooks:
         self.training_thread = threading.get_ident()
 
     def install(self) -> None:
-        self.training_thread = threading.get_ident()
         self._patch(torch.autograd, "backward", self._wrap_backward)
         self._patch(torch.autograd, "grad", self._wrap_grad)
         pre = register_optimizer_step_pre_hook(self._before_step)
-        post = register_optimizer_step_post_hook(self._after_step)
+        post = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.observer.after_optimizer_step(opt))
         self._undo += [pre.remove, post.remove]
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
         for cls in _subclasses(torch.optim.Optimizer):  # optimizers made before: torch wrapped their step
@@ -143,9 +142,6 @@ class TrainingHooks:
         script may train on a thread of its own while its main thread waits)."""
         if not compiling() and _graph_task_id() == -1:
             self.training_thread = _get_ident()
-
-    def _after_step(self, optimizer, args, kwargs) -> None:
-        self.observer.after_optimizer_step(optimizer)
 
     def _before_step(self, optimizer, args, kwargs):
         self._trains_here()

@@ -302,8 +302,9 @@ class Recorder:
         """The record of a value that entered torch non-finite: a birth, from outside, unless
         it holds one infinity and nothing else. `torch.tensor(float("inf"))` as the best loss
         so far, `-inf` to start a running max: such a value carries no data, it is a sentinel
-        written on purpose, as `torch.full((), float("inf"))` is (see `bare`). (Data with a
-        bad value in it has finite values around it; a NaN is never a sentinel here.)"""
+        written on purpose, as `torch.full((), float("inf"))` is (see `bare`); so are values
+        the line building the tensor types itself (below). (Data with a bad value in it has
+        finite values around it: a NaN typed or parsed among them is a missing measurement.)"""
         record = self.bare(op, t, phase)
         record.facts.entered = True
         if not record.intended and _types_a_nonfinite_value(record.where) and \

@@ -13,6 +13,7 @@ from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import Evidence, count_of
 from nandoctor.diagnose.registry import context_rule, rule_for
 from nandoctor.diagnose.rules.fallback import fp16_overflow
+from nandoctor.diagnose.rules.ops import attention_all_masked, softmax_all_masked
 from nandoctor.report.model import Cause
 
 
@@ -126,8 +127,8 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         return None  # (made while preparing data, a target normalised by its own zero sum: the op's own bug)
     if _log_of_softmax(ev):
         return None  # (log(softmax) whose 0 a loss's pick left out: no mask of the user's, a log of 0)
-    if _softmax_over_nothing(ev):
-        return None  # (a row with nothing to attend to made the NaN itself: its fix is the row's, see ops.py)
+    if rule_for(ev) in _ROW_RULES and rule_for(ev)(ev) is not None:
+        return None  # (a softmax row with nothing to attend to made the NaN itself: the row's fix, not a where)
     out = ev.output
     infs = (out.posinf + out.neginf + out.nan) if out else 0
     return Cause(
@@ -142,14 +143,8 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
     )
 
 
-# Softmaxes and attentions: a NaN they make from -inf inputs is a row whose every entry is masked.
-_SOFTMAX_OPS = {"_softmax", "softmax", "_safe_softmax", "_log_softmax", "log_softmax", "_transformer_encoder_layer_fwd",
-                "_native_multi_head_attention"}
-
-
-def _softmax_over_nothing(ev: Evidence) -> bool:
-    return ev.op in _SOFTMAX_OPS and ev.made_nan() and any(s.neginf for s in ev.root.inputs) \
-        and not any(s.nan or s.posinf for s in ev.root.inputs)
+# Op rules for a softmax over a row whose every entry is masked: that op made the NaN.
+_ROW_RULES = (softmax_all_masked, attention_all_masked)
 
 
 def _zero_times(node: str) -> str:
