@@ -109,3 +109,19 @@ def spread_facts(x, dim=None, *rest, correction=None, unbiased=None, **kwargs) -
         correction = 1 if unbiased is None or unbiased else 0
     return {"reduced_count": _count_over(x, dim), "correction": float(correction)}
 
+
+
+@collects("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax")
+def softmax_facts(x, dim, *rest, **kwargs) -> dict[str, Any]:
+    """Over square scores (T queries x T keys, softmax over the keys), which query rows have
+    every key at -inf, and whether the same rows do in every matrix: then the mask's own
+    shape leaves them nothing (a causal mask that also hides the diagonal), not the data's
+    padding, which differs from sequence to sequence."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2 or dim % x.dim() != x.dim() - 1 or x.shape[-1] != x.shape[-2]:
+        return {}
+    keyless = torch.isneginf(x).all(-1).reshape(-1, x.shape[-2])
+    rows = keyless.any(0).nonzero().flatten().tolist()
+    if not rows:
+        return {}
+    same_everywhere = len(keyless) > 1 and bool((keyless == keyless[0]).all())
+    return {"keyless_queries": tuple(rows), "keyless_in_every_matrix": same_everywhere}

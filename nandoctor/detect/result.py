@@ -161,6 +161,8 @@ class SiteFacts:
     counted_targets: int | None = None  # ...and how many targets the mean counted (0: 0/0)
     reduced_count: int | None = None  # std / var: how many values each output reduces over
     correction: float | None = None  # ...and the correction subtracted from that count (Bessel's 1)
+    keyless_queries: tuple[int, ...] | None = None  # softmax over square scores: query rows with every key -inf
+    keyless_in_every_matrix: bool = False  # ...the same rows in every score matrix of the batch (the mask's shape)
     op_facts_error: str | None = None  # collecting op facts failed (never breaks detection)
     loss: float | None = None  # watch mode: the loss seen at the boundary
     grad_norm: float | None = None  # watch mode: the gradient norm seen at the boundary
@@ -187,6 +189,9 @@ class SiteFacts:
                     "reduced_count", "correction", "unwatched_thread"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.keyless_queries is not None:
+            out["keyless_queries"] = list(self.keyless_queries)
+            out["keyless_in_every_matrix"] = self.keyless_in_every_matrix
         if self.inf_written_at is not None:
             out["inf_written_at"] = self.inf_written_at.to_dict()
         if self.called_in is not None:

@@ -631,12 +631,14 @@ class TestSpecialFunctions:
         assert not detect(lambda: (torch.log(torch.special.i0e(kappa)) + kappa).sum().backward()).stopped
 
     def test_svd_vectors_of_a_low_rank_matrix_have_an_undefined_gradient(self):
-        # Orthogonal Procrustes through a layer that starts at zero: H has rank 1.
+        # Orthogonal Procrustes through a layer that starts at zero: H is 0, its singular
+        # values all equal. (A rank-1 H left two of them at 1e-7 and 1e-15 here: distinct,
+        # and a finite gradient on some CPUs' LAPACK, a NaN on others'.)
         w = torch.nn.Parameter(torch.zeros(4, 3))
 
         def procrustes():
             a = torch.randn(8, 4)
-            h = (a @ w + 1.0).T @ a
+            h = (a @ w).T @ a
             u, _, vh = torch.linalg.svd(h, full_matrices=False)
             (u @ vh).sum().backward()
 
@@ -1135,6 +1137,36 @@ class TestCausalMaskDiagonal:
     ])
     def test_near_miss_a_mask_above_the_diagonal_is_clean(self, mask):
         assert stays_clean(self._attend(mask))
+
+    @staticmethod
+    def _attend_batch(hide, padding=None):
+        """Scores of a batch of 3 sequences of 4, a bool mask built on its own line (True = hide)
+        and applied on the next, as most attention code is written."""
+        w = torch.nn.Parameter(torch.randn(3, 4, 4))
+
+        def attend():
+            hidden = hide | (padding if padding is not None else torch.zeros(3, 4, 4, dtype=torch.bool))
+            scores = w.masked_fill(hidden, float("-inf"))
+            return torch.softmax(scores, -1).sum()
+
+        return attend
+
+    def test_a_diagonal_hiding_mask_is_named_from_the_rows_it_empties_not_the_line_that_built_it(self):
+        cause = cause_of(self._attend_batch(torch.ones(4, 4, dtype=torch.bool).triu()))
+        assert "row 0" in cause.explanation and "diagonal=1" in cause.fix
+
+    def test_a_mask_that_hides_the_past_is_named_as_the_masks_own_shape(self):
+        cause = cause_of(self._attend_batch(torch.ones(4, 4, dtype=torch.bool).tril()))
+        assert "same query rows (3)" in cause.explanation and "diagonal=1" in cause.fix
+
+    def test_near_miss_padding_that_empties_different_rows_per_sequence_keeps_the_padding_advice(self):
+        causal = torch.ones(4, 4, dtype=torch.bool).triu(1)
+        padding = torch.zeros(3, 4, 4, dtype=torch.bool)
+        padding[1, 0, :] = True  # the second sequence's first query is padding with a query-side mask
+        cause = cause_of(self._attend_batch(causal, padding))
+        assert cause.id == "inf_arithmetic" and "entirely -inf" in cause.title
+        assert "row 0" not in cause.explanation and "same query rows" not in cause.explanation
+        assert "diagonal=1" not in cause.fix and "all-padding" in cause.fix
 
 
 class TestMaskValueUsed:

@@ -742,17 +742,35 @@ def softmax_all_masked(ev: Evidence) -> Cause | None:
     if x is None or not x.neginf or not ev.made_nan():
         return None
     written = ev.facts.inf_written_at
-    diagonal = written is not None and _masks_the_diagonal(written.code)
+    diagonal = (written is not None and _masks_the_diagonal(written.code)) or _first_query_keyless_everywhere(ev.facts)
     return Cause(
         "inf_arithmetic",
         "softmax over a row that is entirely -inf",
         f"At {ev.where} ({ev.code}) some rows of the softmax input are -inf everywhere (fully masked); "
         f"exp(-inf - (-inf)) is NaN ({_out(ev)})."
         + (f" The -inf was written at {words.inf_source(ev.facts)}." if words.inf_source(ev.facts) else "")
-        + (" That causal mask is `triu` without `diagonal=1`: it masks the diagonal too, so the first position "
-           "may attend to nothing." if diagonal else ""),
-        ("Keep each position's own score: `torch.triu(..., diagonal=1)`. " if diagonal else "") + _ROWS_WITH_NOTHING,
+        + (" The first query (row 0) of every score matrix has all its keys masked, and no other row does: the "
+           "causal mask hides the diagonal too (`triu` without `diagonal=1`, or `j >= i`), so position 0 may "
+           "attend to nothing." if diagonal else _mask_shape_leaves_rows_keyless(ev.facts)),
+        ("A causal mask hides only the future: `torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)` "
+         "(True = masked), keeping each position's own score. " if diagonal or ev.facts.keyless_in_every_matrix
+         else "") + _ROWS_WITH_NOTHING,
     )
+
+
+def _first_query_keyless_everywhere(facts) -> bool:
+    return facts.keyless_queries == (0,) and facts.keyless_in_every_matrix
+
+
+def _mask_shape_leaves_rows_keyless(facts) -> str:
+    """The same query rows keyless in every sequence: the mask's shape, not the data's padding."""
+    rows = facts.keyless_queries
+    if not rows or not facts.keyless_in_every_matrix:
+        return ""
+    shown = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
+    return (f" The same query rows ({shown}) have every key masked in every score matrix of the batch: the mask "
+            "itself leaves them nothing, whatever the data (a mask that hides the past instead of the future, "
+            "or the diagonal with it).")
 
 
 _ROWS_WITH_NOTHING = (
