@@ -201,27 +201,58 @@ class SourceLocator:
 
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
-_LINES_AFTER = 3  # a test of what was read comes right after the read, or it is not one
+_LINES_AFTER = 8  # a test of what was read comes soon after the read, or it is not one
 
 
 def _tested_right_after(lines: list[str], line: int) -> bool:
-    """Does one of the next few lines of the block test the finiteness of a name the read
-    line mentions (`l = loss.item()` then `if not math.isfinite(l):`; a running average of
-    `loss.item()` before `if not math.isfinite(loss.item()): break`)?"""
+    """Do the next few lines of the block, before anything trains (`backward()`, a step),
+    test the finiteness of a name the read line mentions (`l = loss.item()` then `if not
+    math.isfinite(l):`; a running average of `loss.item()` before `if not
+    math.isfinite(loss.item()): break`), or skip the batch over the value read (`v =
+    loss.item()` then `if v > 20 * ema: continue`: an Inf is above any threshold)?"""
     if not 0 < line <= len(lines):
         return False
-    names = set(_NAME.findall(lines[line - 1].split("#", 1)[0])) - _NOT_VALUES
+    read = lines[line - 1].split("#", 1)[0]
+    names = set(_NAME.findall(read)) - _NOT_VALUES
+    assigned = set(_NAME.findall(read.split("=", 1)[0])) - _NOT_VALUES if _ASSIGNS.match(read) else set()
     indent, looked = _indent_of(lines[line - 1]), 0
-    for text in lines[line:]:
+    for index in range(line, len(lines)):
+        text = lines[index]
         stripped = text.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        if _indent_of(text) < indent or looked >= _LINES_AFTER:
+        if _indent_of(text) < indent or looked >= _LINES_AFTER or _TRAINS.search(stripped):
             return False
         looked += 1
         for test in _FINITENESS_TEST.finditer(stripped):
             if names & set(_NAME.findall(_call_argument(stripped, test.end()))):
                 return True
+        if assigned and stripped.startswith(("if ", "elif ")) and assigned & set(_NAME.findall(stripped)) \
+                and _skips(lines, index):
+            return True
+    return False
+
+
+# `v = loss.item()`, `loss_val, n = loss.item(), len(x)`: a read whose value is kept in a name.
+_ASSIGNS = re.compile(r"\s*[A-Za-z_][\w, ]*=(?!=)")
+_SKIP = re.compile(r"^(continue|break|return)\b")
+
+
+def _skips(lines: list[str], header: int) -> bool:
+    """Does the block under the `if` at index `header` (0-based) leave the iteration
+    (`continue`, `break`, `return`), on its own line or after `:` on the header's?"""
+    text = lines[header].split("#", 1)[0].rstrip()
+    if not text.endswith(":"):  # `if v > t: skipped += 1; continue`, all on the header's line
+        return any(_SKIP.match(part.strip()) for part in text.rsplit(":", 1)[-1].split(";"))
+    indent = _indent_of(lines[header])
+    for text in lines[header + 1:]:
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if _indent_of(text) <= indent:
+            return False
+        if any(_SKIP.match(part.strip()) for part in stripped.split(";")):
+            return True
     return False
 
 

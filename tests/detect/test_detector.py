@@ -252,7 +252,7 @@ class TestNoFalseAlarms:
         assert not detect(build_on_meta).stopped
 
     @staticmethod
-    def _skipping_bad_batches(read_to_test: bool, assigned_first: bool = False):
+    def _skipping_bad_batches(read_to_test: bool, assigned_first: bool = False, threshold: bool = False):
         """Batches whose targets are all padding make a 0/0 loss; the loop reads it."""
         head = torch.nn.Linear(3, 1)
         opt = torch.optim.SGD(head.parameters(), lr=0.1)
@@ -262,7 +262,12 @@ class TestNoFalseAlarms:
             for step in range(3):
                 weight = torch.zeros(4) if step == 1 else torch.ones(4)
                 loss = (head(torch.ones(4, 3)).squeeze(1) * weight).sum() / weight.sum()
-                if read_to_test and assigned_first:
+                if threshold:
+                    loss = head(torch.ones(4, 3)).squeeze(1).abs().sum() / weight.sum()  # x/0: Inf
+                    value = loss.item()  # a spike guard: an Inf is above any threshold
+                    if step > 0 and abs(value) > 100.0:
+                        continue
+                elif read_to_test and assigned_first:
                     value = loss.item()  # read first, tested on the next line
                     if not math.isfinite(value):
                         continue
@@ -299,6 +304,10 @@ class TestNoFalseAlarms:
     @pytest.mark.parametrize("assigned_first", [False, True])
     def test_a_loss_read_to_test_its_finiteness_and_skipped_is_discarded(self, assigned_first):
         result = self._skipping_bad_batches(read_to_test=True, assigned_first=assigned_first)
+        assert not result.stopped and result.detector.state.step == 2
+
+    def test_a_loss_read_and_skipped_above_a_threshold_is_discarded(self):
+        result = self._skipping_bad_batches(read_to_test=False, threshold=True)
         assert not result.stopped and result.detector.state.step == 2
 
     def test_near_miss_a_non_finite_loss_read_to_be_logged_stops_the_run(self):

@@ -101,6 +101,19 @@ TESTED_AFTER = """for i in range(100):
     if math.isinf(late):
         pass
     print(norm.item())
+    trained = loss.item()
+    loss.backward()
+    if not math.isfinite(trained):
+        pass
+    spike = loss.item()
+    if ema is not None and spike > 20 * ema:
+        skipped += 1
+        continue
+    kept = loss.item()
+    if kept < best:
+        best = kept
+    quick = loss.item()
+    if quick > 1e6: continue
 if not math.isfinite(norm.item()):
     pass
 """
@@ -110,8 +123,12 @@ if not math.isfinite(norm.item()):
     (3, True),  # `value = loss.item()`, then `if not math.isfinite(value):`
     (6, True),  # a running average of `loss.item()`, before `if not math.isfinite(loss.item()):`
     (10, False),  # `other = norm.item()`: the next test is of another value
-    (13, False),  # tested, but only after more lines than a check right after a read
-    (19, False),  # tested after the block it was read in ended
+    (13, True),  # tested four lines later, nothing trained in between
+    (19, False),  # printed, and tested only after the block it was read in ended
+    (20, False),  # tested only after backward() trained with it
+    (24, True),  # a batch skipped when the value read is above a threshold (an Inf always is)
+    (28, False),  # compared, but nothing is skipped over it
+    (31, True),  # the skip on the header's own line
 ])
 def test_a_read_whose_value_the_next_lines_test_is_read_to_be_checked(line, tested):
     from nandoctor.detect.provenance import _tested_right_after
