@@ -27,6 +27,7 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
         # was fine where it was made (log-space): say where it was.
         root.facts.inf_written_at = locator.location(intended.where)
         root.facts.inf_written_by = None if root.facts.inf_written_at else intended.op
+        root.facts.inf_overflowed_by = intended.op if intended.facts.mask_overflowed else None
     chain.reverse()
     sites = [site_of(r, locator) for r in chain]
     needs_replay = needs_replay or root.facts.written_by_optimizer or root.facts.device_flag is not None

@@ -81,7 +81,7 @@ FILL_OPS = {"full", "full_like", "new_full", "fill", "fill_", "masked_fill", "ma
 # a backward formula (a gradient times a factor can overflow), not layer norm (eps=0).
 _FINITE_PRESERVING = {
     "neg", "abs", "sign", "sgn", "tanh", "sigmoid", "sin", "cos", "erf", "gelu", "silu", "mish", "hardtanh",
-    "hardsigmoid", "hardswish", "softsign", "_softmax", "_safe_softmax", "_log_softmax", "logsigmoid",
+    "hardsigmoid", "hardswish", "softsign", "_softmax", "_safe_softmax", "logsigmoid",
 }
 # Floating dtypes by range: a cast to a dtype of at least the same range keeps finite values finite.
 _RANGE_RANK = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}

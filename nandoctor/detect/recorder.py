@@ -94,8 +94,9 @@ class Recorder:
             facts.writes_parameter = True
             facts.parameter = facts.parameter or written
         output = summarize(out, "output")
-        if origin and not intended and _an_extreme_fill_overflowed(inputs, output):
-            intended = facts.written_on_purpose = True
+        if origin and not intended and (_an_extreme_fill_overflowed(inputs, output)
+                                        or _a_sentinel_mask_overflowed(tensors, out)):
+            intended = facts.written_on_purpose = facts.mask_overflowed = True
         phase = self.phase(node, args)
         facts.own_optimizer = phase == "optimizer" and self.locator.in_own_optimizer()
         if phase == "forward" and module is None and _updates_weight_by_hand(func, args, self.state.grad_enabled()):
@@ -547,6 +548,35 @@ def _an_extreme_fill_overflowed(inputs: list[TensorSummary], output: TensorSumma
             continue
         extreme = torch.finfo(dtype)
         if (output.neginf and s.min == extreme.min) or (output.posinf and s.max == extreme.max):
+            return True
+    return False
+
+
+# The smallest magnitude of a value written to stand for "minus infinity" in an additive
+# mask (-1e4 in BERT, -1e9 in the Annotated Transformer, float32's min in Hugging Face).
+_SENTINEL = 1e4
+
+
+def _a_sentinel_mask_overflowed(tensors: list[tuple[str, torch.Tensor]], out) -> bool:
+    """An additive mask of zeros and one large constant (`(1.0 - mask) * -1e9`) that a cast or
+    a scaling pushed past the dtype's range (float16's 65504): its infinities stand exactly
+    where the constant stood, of its sign, and no NaN. The Inf is the mask still."""
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point() or torch.isnan(out).any():
+        return False
+    infinite = torch.isinf(out)
+    signs = torch.sign(out[infinite])
+    if not len(signs) or not (signs == signs[0]).all():
+        return False
+    for _, t in tensors:
+        if not t.is_floating_point() or t.numel() < 2 or not torch.isfinite(t).all():
+            continue
+        try:
+            marks = torch.broadcast_to(t != 0, out.shape)
+        except RuntimeError:
+            continue
+        constant = t[t != 0]
+        if len(constant) and torch.equal(marks, infinite) and bool((constant == constant[0]).all()) \
+                and abs(float(constant[0])) >= _SENTINEL and math.copysign(1.0, float(constant[0])) == float(signs[0]):
             return True
     return False
 

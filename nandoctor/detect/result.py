@@ -143,6 +143,8 @@ class SiteFacts:
     entered: bool = False  # the value entered torch non-finite here (torch.tensor, from_numpy)
     inf_written_at: Location | None = None  # where the intended Inf this op consumed was written
     inf_written_by: str | None = None  # ...the op that wrote it, when it has no user line
+    mask_overflowed: bool = False  # a finite mask (finfo.min, -1e9) this op pushed past the range: -inf, a mask still
+    inf_overflowed_by: str | None = None  # the intended Inf this op consumed is such a mask, pushed by this op
     batch: BatchOrigin | None = None
     device_flag: DeviceFlag | None = None  # seen by a device-side flag: values not kept
     gradient_leak_through: str | None = None  # the backward node that turned this op's Inf into NaN
@@ -181,12 +183,12 @@ class SiteFacts:
             if p.buffer:
                 out["parameter_buffer"] = True
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
-                    "user_backward", "written_on_purpose", "own_optimizer", "scaled_gradient_stepped"):
+                    "user_backward", "written_on_purpose", "own_optimizer", "scaled_gradient_stepped", "mask_overflowed"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
                     "op_facts_error", "loss", "grad_norm", "compiled", "ignore_index", "counted_targets",
-                    "reduced_count", "correction", "unwatched_thread"):
+                    "reduced_count", "correction", "unwatched_thread", "inf_overflowed_by"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.keyless_queries is not None:

@@ -1451,6 +1451,34 @@ class TestSentinels:
         result = detect(lambda: self._scores_masked_with_the_dtype_minimum(row_with_nothing=True))
         assert result.stopped and result.detection.root.op == "aten._softmax.default"
 
+    @staticmethod
+    def _padding_bias_cast_to_half(pad_everything_in_a_row: bool):
+        """An additive padding bias written with -1e9 for minus infinity, cast to the scores'
+        float16 (where -1e9 is -inf), added, and softmaxed: the Annotated Transformer's mask
+        under autocast."""
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(2, 4).half())
+        keep = torch.tensor([[True, True, True, False], [True, False, True, True]])
+        if pad_everything_in_a_row:
+            keep[1] = False
+        bias = ((~keep).float() * -1e9).half()
+        weights = (w + bias).softmax(-1)
+        (weights[:, 0].float() - 1).pow(2).mean().backward()
+        read_back(weights)
+
+    def test_a_large_negative_mask_cast_past_float16s_range_is_still_a_mask(self):
+        assert not detect(lambda: self._padding_bias_cast_to_half(pad_everything_in_a_row=False)).stopped
+
+    def test_near_miss_a_row_the_cast_mask_pads_entirely_makes_the_softmax_nan(self):
+        result = detect(lambda: self._padding_bias_cast_to_half(pad_everything_in_a_row=True))
+        assert result.stopped and result.detection.root.op == "aten._softmax.default"
+
+    def test_near_miss_activations_cast_past_float16s_range_are_an_overflow(self):
+        # Zeros (a ReLU's) and large values, but not one constant: activations, not a mask.
+        h = torch.tensor([0.0, 7e4, 0.0, 9e4, 1.0])
+        result = detect(lambda: read_back(h.half()))
+        assert result.stopped and result.detection.root.op == "aten._to_copy.default"
+
     def test_near_miss_an_ordinary_overflow_read_back_is_no_mask(self):
         result = detect(lambda: read_back(torch.tensor([3e38, 1.0]) * 2))
         assert result.stopped and result.detection.root.op == "aten.mul.Tensor"

@@ -895,6 +895,27 @@ class TestContext:
         assert "torch.where(w > 0, w * v, 0.0)" in cause.fix and "additive mask" not in cause.explanation
 
     @staticmethod
+    def _half_entropy_of_masked_logits(top_logit: float):
+        """A float16 policy's entropy, unavailable actions masked with float16's minimum,
+        finite: log_softmax subtracts the row's max, which takes -65504 past the range when
+        the top logit is above about 16."""
+        logits = torch.nn.Parameter(torch.tensor([[top_logit, 1.0, 0.0]], dtype=torch.float16))
+        keep = torch.tensor([[True, True, False]])
+        logp = F.log_softmax(logits.masked_fill(~keep, torch.finfo(torch.float16).min), -1)
+        entropy = -(logp.exp() * logp).sum()
+        entropy.float().backward()
+        read_back(entropy)
+
+    def test_a_finite_mask_log_softmax_takes_past_float16s_range_is_named_with_float32_as_a_fix(self):
+        cause = cause_of(lambda: self._half_entropy_of_masked_logits(20.0))
+        assert cause.id == "inf_arithmetic" and cause.title == "zero weights multiplied by infinite values"
+        assert "finfo(float16).min" in cause.explanation and "logits.float()" in cause.fix
+        assert "keep the values finite" not in cause.fix  # they were: the op on the way was not
+
+    def test_near_miss_a_top_logit_that_keeps_the_mask_in_range_is_clean(self):
+        assert stays_clean(lambda: self._half_entropy_of_masked_logits(3.0))
+
+    @staticmethod
     def _choose_among_unvisited(visited_every_city: bool):
         """A pointer network's decoding step: visited cities masked with -inf."""
         from torch.distributions import Categorical
