@@ -25,7 +25,11 @@ from nandoctor.detect.records import storage_key
 from nandoctor.detect.result import Location
 
 # math.isfinite(x), np.isnan(x), torch.isinf(x), x.isfinite(): a call that tests finiteness
-_FINITENESS_TEST = re.compile(r"\bis(?:finite|nan|inf|posinf|neginf)\s*\(")
+# A test of finiteness, or a function that leaves NaN out on purpose (`np.nanmean(v.numpy())`):
+# what it reads, the script knows may be non-finite.
+_FINITENESS_TEST = re.compile(
+    r"\b(?:is(?:finite|nan|inf|posinf|neginf)|nan(?:mean|sum|std|var|max|min|median|percentile|quantile|prod"
+    r"|argmax|argmin|cumsum|cumprod)|nan_to_num)\s*\(")
 
 
 def _library_dirs() -> tuple[str, ...]:

@@ -310,6 +310,18 @@ class TestNoFalseAlarms:
         result = self._skipping_bad_batches(read_to_test=False, threshold=True)
         assert not result.stopped and result.detector.state.step == 2
 
+    def test_values_read_into_a_function_that_leaves_nan_out_are_read_knowing_it(self):
+        import numpy as np
+
+        per_sample = torch.tensor([1.0, 2.0]) / torch.tensor([1.0, 0.0]) - torch.tensor([0.0, float("inf")])
+        assert not detect(lambda: print(np.nanmean(per_sample.numpy()))).stopped
+
+    def test_near_miss_the_same_values_read_into_a_plain_mean_stop_the_run(self):
+        import numpy as np
+
+        per_sample = torch.tensor([1.0, 2.0]) / torch.tensor([1.0, 0.0]) - torch.tensor([0.0, float("inf")])
+        assert detect(lambda: print(np.mean(per_sample.numpy()))).stopped
+
     def test_near_miss_a_non_finite_loss_read_to_be_logged_stops_the_run(self):
         result = self._skipping_bad_batches(read_to_test=False)
         assert result.stopped and result.detection.reason is StopReason.READ_BACK
