@@ -477,6 +477,12 @@ class Detector(Observer):
         if hidden:
             self.stop(hidden, StopReason.NAN_HIDDEN, hidden_by=f"aten.{name}")
 
+    def absorbed_in_place(self, args, out: torch.Tensor) -> None:
+        """An in-place op computed finite values over recorded non-finite ones (a gate's
+        `sigmoid_` of +inf): absorbed, as `Recorder.absorbed_in_place` says."""
+        with self.internal():
+            self.recorder.absorbed_in_place(args, out)
+
     def filled(self, args, out: torch.Tensor) -> None:
         """A fill, `where` or clamp touched a tensor with a record (rare): its output carries
         the record while it is still non-finite; values it dropped were masked away."""

@@ -203,8 +203,10 @@ class CheckingMode(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             if not _finite(out):
                 d.on_nonfinite(func, args, kwargs, out, node, created, before=before)
-            elif inplace and d.records:
+            elif inplace and d.records and _overwrites(func):
                 d.filled(args, out)  # overwritten with finite values, maybe not all of them
+            elif inplace and d.records:
+                d.absorbed_in_place(args, out)  # (a GRU's sigmoid_ of +inf is 1: no one dropped it)
             elif d.records:
                 d.absorbed(func, args, node)  # (exp(-inf) = 0: a recorded Inf went in, none came out)
             return
@@ -214,3 +216,13 @@ class CheckingMode(TorchDispatchMode):
             for item in out:  # each one: a convolution's grad_input, grad_weight and grad_bias
                 if isinstance(item, torch.Tensor) and not _finite(item):
                     d.on_nonfinite(func, args, kwargs, item, node, created)
+
+
+# In-place ops that write values over the tensor's (a copy, a replacement of non-finite
+# values): a finite result dropped the old ones, as a fill does. Any other in-place op
+# computed its finite result from them (`sigmoid_(+inf)` is 1).
+_OVERWRITING = {"copy_", "nan_to_num_"}
+
+
+def _overwrites(func) -> bool:
+    return base_name(func) in _OVERWRITING

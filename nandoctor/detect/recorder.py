@@ -363,6 +363,19 @@ class Recorder:
             if not all_finite(t):
                 _mark_births(record, "absorbed")
 
+    def absorbed_in_place(self, args, out: torch.Tensor) -> None:
+        """An in-place math op made finite values of recorded non-finite ones, over them (a
+        GRU's `sigmoid_` of +inf is 1). Nothing of the script's dropped them: where they
+        were made, they were absorbed, not masked; and the tensor holds none now."""
+        whole = out._base if out._base is not None else out
+        if not whole.is_floating_point() or whole.is_meta or not bool(torch.isfinite(whole).all()):
+            self.filled(args, out)  # (some are left: the record carries on, as a fill's)
+            return
+        sources = [r for r in (self.records.get(t) for t in tensors_of(args)) if r is not None and not r.intended]
+        self.records.forget(out)
+        for source in sources:
+            _mark_births(source, "absorbed")
+
     def filled(self, args, out: torch.Tensor) -> None:
         """A fill, `where`, clamp or maximum touched recorded values: a non-finite output
         carries the record on (a made value before one written on purpose: `maximum` of a

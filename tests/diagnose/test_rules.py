@@ -172,6 +172,21 @@ class TestLogNonpositive:
         assert stays_clean(lambda: torch.log(torch.tensor([1e-30, 1e-38])))
 
 
+GRU_OVER_PRICE_RATIOS = """import torch
+
+torch.manual_seed(0)
+prices = torch.tensor([[[100.0], [101.0], [0.0], [102.0]]])
+gru = torch.nn.GRU(1, 4, batch_first=True)
+opt = torch.optim.SGD(gru.parameters(), lr=0.1)
+for step in range(3):
+    ratios = prices[:, 1:] / prices[:, :-1]
+    loss = gru(ratios)[0][:, -1].pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
 class TestDivision:
     def test_zero_over_zero_is_div_by_zero(self):
         mask = torch.zeros(4, 4)
@@ -406,6 +421,22 @@ class TestDivision:
         cause = cause_of(self._entropy_of_attention(safe=False))
         assert cause.id == "masked_inf_gradient_leak" and "`log`" in cause.explanation
         assert "torch.log(torch.where(valid, p, 1.0))" in cause.fix  # the double where, written for log
+
+    def test_an_inf_a_grus_gates_saturate_on_is_the_division_that_made_it_not_a_mask(self, tmp_path):
+        # A price of 0 makes a ratio of x/0; the GRU's in-place sigmoid_ and tanh_ turn it
+        # into 1, so the loss stays finite and only the weights' gradient is NaN. Nothing of
+        # the script's dropped the Inf: no mask to make safe. (As a user runs it: trace
+        # first sees the gradient, then re-runs the script op by op.)
+        (tmp_path / "returns.py").write_text(GRU_OVER_PRICE_RATIOS)
+        report = run_nandoctor(["run", "returns.py"], tmp_path).report
+        assert report["root"]["op"] == "aten.div.Tensor" and report["root"]["location"]["line"] == 8
+        assert report["cause"]["id"] == "div_by_zero"
+
+    def test_an_inf_exp_makes_zero_of_is_the_log_that_made_it(self):
+        # x ** w written as exp(w * log(x)), at x = 0: exp(-inf) = 0 in forward, 0 * -inf in backward.
+        w = torch.nn.Parameter(torch.tensor([0.5, 1.0]))
+        cause = cause_of(train_steps(lambda: torch.exp(w * torch.log(torch.tensor([0.0, 2.0]))).sum(), [w]))
+        assert cause.id == "log_nonpositive" and "where" not in cause.fix  # it dropped nothing
 
     def test_near_miss_the_double_where_keeps_log_away_from_zero(self):
         assert stays_clean(self._entropy_of_attention(safe=True))

@@ -6,6 +6,7 @@ that was already non-finite, or an update the optimizer made from finite gradien
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from nandoctor.detect.result import OVERWRITTEN_SUFFIX
@@ -129,6 +130,10 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         return None  # (log(softmax) whose 0 a loss's pick left out: no mask of the user's, a log of 0)
     if rule_for(ev) in _ROW_RULES and rule_for(ev)(ev) is not None:
         return None  # (a softmax row with nothing to attend to made the NaN itself: the row's fix, not a where)
+    if not ev.facts.masked:
+        own = _absorbed_by_accident(ev, node)
+        if own is not None:
+            return own
     out = ev.output
     infs = (out.posinf + out.neginf + out.nan) if out else 0
     return Cause(
@@ -141,6 +146,20 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         "NaN reaches the gradients (pytorch issue 4132).",
         "Make the unsafe positions safe BEFORE the op (the double-`where` pattern): " + _safe_before(ev.op),
     )
+
+
+def _absorbed_by_accident(ev: Evidence, node: str) -> Cause | None:
+    """An Inf nothing of the script's dropped: an op downstream only happened to make it
+    finite (a GRU's sigmoid and tanh gates saturate at 1 on a price ratio of x/0). The op's
+    own cause is the bug, told with what hid it; there is no mask to make safe."""
+    rule = rule_for(ev)
+    own = rule(ev) if rule is not None else None
+    if own is None:
+        return None
+    return dataclasses.replace(own, explanation=(
+        f"{own.explanation} The loss stayed finite: an op downstream happened to make the non-finite values finite "
+        f"(exp(-inf) = 0, a saturating gate's sigmoid(+inf) = 1), but backward through them does not: `{node}` gives "
+        "NaN, and it reaches the gradients."))
 
 
 # Op rules for a softmax over a row whose every entry is masked: that op made the NaN.
