@@ -145,12 +145,23 @@ class SourceLocator:
         return known
 
     def in_own_optimizer(self) -> bool:
-        """Is the innermost user frame a method of an optimizer the user wrote (its own
-        `step()`: LARS, SAM by hand), rather than a call of a library optimizer's step?"""
+        """Is the innermost user frame the script's own code inside a step: a method of an
+        optimizer the user wrote (its own `step()`: LARS, SAM by hand), or code a library
+        optimizer's step called back (a step hook, a Keras weight constraint), rather than
+        the line that called a library optimizer's step?"""
         frame = sys._getframe(1)
         while frame is not None and not self._user_code(frame.f_code):
             frame = frame.f_back
-        return frame is not None and isinstance(frame.f_locals.get("self"), torch.optim.Optimizer)
+        if frame is None:
+            return False
+        if _an_optimizer(frame.f_locals.get("self")):
+            return True
+        caller = frame.f_back
+        while caller is not None and not self._user_code(caller.f_code):
+            if _an_optimizer(caller.f_locals.get("self")):
+                return True  # (a library optimizer's frame below the user's: it called the user's code)
+            caller = caller.f_back
+        return False
 
     def user_frame_inside_backward(self, skip: int = 1) -> tuple[types.CodeType, int] | None:
         """(code, line) of the user's own code running inside backward — a custom
@@ -495,3 +506,9 @@ class NodeSites:
 
     def new_generation(self) -> None:
         self._previous, self._current = self._current, {}
+
+
+def _an_optimizer(obj) -> bool:
+    """A torch optimizer, or another framework's (Keras's `BaseOptimizer`), by its classes."""
+    return isinstance(obj, torch.optim.Optimizer) or any(
+        c.__name__ in ("Optimizer", "BaseOptimizer") for c in type(obj).__mro__[:-1]) if obj is not None else False

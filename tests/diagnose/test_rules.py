@@ -44,6 +44,27 @@ for _ in range(2):
 
 
 # A LARS trust ratio with no guard for a gradient norm of 0 (a head whose loss weight is 0).
+SIMPLEX_STEP_HOOK = """import torch
+
+mix = torch.nn.Parameter(torch.tensor([[0.5, -0.2], [-0.1, -0.3]]))
+opt = torch.optim.SGD([mix], lr=0.1)
+
+
+def project(optimizer, args, kwargs):
+    with torch.no_grad():
+        kept = mix.clamp(min=0)
+        mix.copy_(kept / kept.sum(0, keepdim=True))
+
+
+opt.register_step_post_hook(project)
+for step in range(3):
+    loss = (torch.ones(2) @ mix).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
 LARS_BY_HAND = optimizer_by_hand("""
     trust = p.norm() / p.grad.norm()
     p.sub_(p.grad * trust)
@@ -1025,6 +1046,14 @@ class TestContext:
         w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
         cause = cause_of(train_steps(lambda: (w[0] * 3), [w], opt_cls=torch.optim.Adam, lr=0.1, eps=0.0))
         assert cause.id == "optimizer_invalid" and "eps" in cause.fix
+
+    def test_a_division_in_the_scripts_step_hook_is_that_division_not_an_optimizer_setting(self, tmp_path):
+        # A projection onto the simplex after each step (a Keras weight constraint does the
+        # same inside its optimizer): a column with no positive weight left sums to 0.
+        (tmp_path / "simplex.py").write_text(SIMPLEX_STEP_HOOK)
+        report = run_nandoctor(["run", "simplex.py"], tmp_path).report
+        assert report["root"]["phase"] == "optimizer" and report["root"]["location"]["line"] == 10
+        assert report["cause"]["id"] == "div_by_zero" and "hyper-parameters" not in report["cause"]["fix"]
 
     def test_a_division_by_zero_in_an_optimizer_the_script_wrote_is_that_division(self, tmp_path):
         # The step runs unwatched; the seeded replay finds the op inside the script's own step().
