@@ -40,6 +40,7 @@ from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite, checkable
+from nandoctor.detect.numpy_warnings import NumpyWarnings
 from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
@@ -269,6 +270,7 @@ class Detector(Observer):
         self.passive = False  # True while nandoctor runs its own ops, and after a stop
         self.recorder = Recorder(self.state, self.locator, self.modules, self.sites, self.records,
                                  Allowances(run_settings.get("allow", ())))
+        self.recorder.numpy_warnings = self._numpy_warnings = NumpyWarnings(self.locator, lambda: self.state.step_or_none)
         self.deferred = DeferredOps(self.flags, self.recorder)
         self.boundaries = BoundaryChecks(self.state, self.recorder, self.stop)
         self.batches = BatchChecks(self.recorder, self._refetch, self._refetch_stream, self._refetch_as_worker)
@@ -294,6 +296,7 @@ class Detector(Observer):
             self.regions.install()  # (before the module tracker: see ModuleRegions)
             self.modules.install()
             self._hooks.install()
+            self._numpy_warnings.install()
             self.mode.__enter__()
             self._suspended = False
         _RUNNING.add(self)
@@ -318,6 +321,7 @@ class Detector(Observer):
             self._suspended = False
             self.mode.__exit__(None, None, None)  # (TorchDispatchMode's own flags are restored here)
             self._hooks.uninstall()
+            self._numpy_warnings.uninstall()
             self.modules.uninstall()
             self.nodes.release()
 

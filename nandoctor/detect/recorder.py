@@ -19,6 +19,7 @@ import torch
 
 from nandoctor.detect.mode import all_finite, checkable
 from nandoctor.detect.op_facts import collect_op_facts
+from nandoctor.detect.numpy_warnings import NumpyWarnings
 from nandoctor.detect.ops import base_name, is_inplace, op_name
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.records import Record, RecordTable, lineage_of, storage_key, tensors_of
@@ -36,6 +37,7 @@ class Recorder:
                  sites: NodeSites, records: RecordTable, allowances: Allowances | None = None) -> None:
         self.state = state
         self.allowances = allowances or Allowances()
+        self.numpy_warnings: NumpyWarnings | None = None  # set by the detector that installs it
         self.watched_thread = threading.get_ident()  # the thread whose ops the dispatch mode sees
         # (op, user frame) -> [count, made a NaN, allowed]: every birth of a non-finite value,
         # for the report of a run in which none of them mattered.
@@ -318,6 +320,11 @@ class Recorder:
             record.facts.untracked_input = False
         if record.intended:
             return record
+        warned = self.numpy_warnings.made(record.has_nan, record.step) if self.numpy_warnings is not None else None
+        if warned is not None:
+            # numpy made it and warned at the script's line (`feats = np.log(raw)`): that
+            # line is the one to change, not the one that wrapped the array.
+            record.where, record.facts.made_by_numpy = warned.where, warned.message
         self.count_made(record)
         self._births.append(record)
         return record

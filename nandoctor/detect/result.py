@@ -141,6 +141,7 @@ class SiteFacts:
     unwatched_thread: str | None = None  # first seen on this thread, whose ops the per-op watch does not see
     scaled_gradient_stepped: bool = False  # a GradScaler's scaled gradient reached optimizer.step(), not scaler.step()
     entered: bool = False  # the value entered torch non-finite here (torch.tensor, from_numpy)
+    made_by_numpy: str | None = None  # ...made at this line by numpy, as it warned ("divide by zero encountered in log")
     inf_written_at: Location | None = None  # where the intended Inf this op consumed was written
     inf_written_by: str | None = None  # ...the op that wrote it, when it has no user line
     mask_overflowed: bool = False  # a finite mask (finfo.min, -1e9) this op pushed past the range: -inf, a mask still
@@ -188,7 +189,7 @@ class SiteFacts:
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
                     "op_facts_error", "loss", "grad_norm", "compiled", "ignore_index", "counted_targets",
-                    "reduced_count", "correction", "unwatched_thread", "inf_overflowed_by"):
+                    "reduced_count", "correction", "unwatched_thread", "inf_overflowed_by", "made_by_numpy"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.keyless_queries is not None:

@@ -261,6 +261,17 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
         dropped = (f" The loss drops those values (a mask, an index), but backward still runs through them: "
                    f"`{leak}` multiplies a zero gradient by them, and 0 * NaN is NaN in the gradients (pytorch "
                    "issues 4132, 15131)." if leak else "")
+        numpy = ev.facts.made_by_numpy
+        if numpy:
+            return Cause(
+                "nonfinite_input_data",
+                "numpy made a non-finite value that then entered torch",
+                f"At {ev.where} ({ev.code}) numpy made {_bad(ev.output)} (it warned: \"{numpy}\"); the array entered "
+                f"torch with it.{arrived}{dropped}",
+                "Guard the numpy computation as you would the torch one: `np.log(np.clip(x, eps, None))` or "
+                "`np.log1p(x)` for counts, `np.divide(a, b, out=np.zeros_like(a), where=b != 0)` for a ratio; and "
+                "run with `-W error::RuntimeWarning` to make numpy raise where it happens.",
+            )
         return Cause(
             "nonfinite_input_data",
             "an input was already non-finite when it reached torch",
