@@ -271,6 +271,9 @@ class Detector(Observer):
         self.recorder = Recorder(self.state, self.locator, self.modules, self.sites, self.records,
                                  Allowances(run_settings.get("allow", ())))
         self.recorder.numpy_warnings = self._numpy_warnings = NumpyWarnings(self.locator, lambda: self.state.step_or_none)
+        self._optimizers_made_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._stepping_optimizer: weakref.ref | None = None
+        self.recorder.optimizer_made_at = self._made_at_of_the_stepping_optimizer
         self.deferred = DeferredOps(self.flags, self.recorder)
         self.boundaries = BoundaryChecks(self.state, self.recorder, self.stop)
         self.batches = BatchChecks(self.recorder, self._refetch, self._refetch_stream, self._refetch_as_worker)
@@ -791,8 +794,17 @@ class Detector(Observer):
     def optimizer_created(self, optimizer) -> None:
         super().optimizer_created(optimizer)
         self.boundaries.optimizers.add(optimizer)
+        try:
+            self._optimizers_made_at[optimizer] = self.locator.user_frame()
+        except TypeError:
+            pass  # (an optimizer that takes no weak reference: its step's line stays the answer)
+
+    def _made_at_of_the_stepping_optimizer(self) -> tuple | None:
+        optimizer = self._stepping_optimizer() if self._stepping_optimizer is not None else None
+        return self._optimizers_made_at.get(optimizer) if optimizer is not None else None
 
     def before_optimizer_step(self, optimizer) -> None:
+        self._stepping_optimizer = weakref.ref(optimizer) if type(optimizer).__weakrefoffset__ else None
         self.state.optimizer_created()
         self.regions.close_interrupted()
         self.read_flags()  # ops since backward (gradient clipping, loss scaling), or all since the last step

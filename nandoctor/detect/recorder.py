@@ -13,7 +13,7 @@ import linecache
 import math
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,6 +38,8 @@ class Recorder:
         self.state = state
         self.allowances = allowances or Allowances()
         self.numpy_warnings: NumpyWarnings | None = None  # set by the detector that installs it
+        # Where the script made the optimizer whose step is running: (code, line) or None.
+        self.optimizer_made_at: Callable[[], tuple | None] = lambda: None
         self.watched_thread = threading.get_ident()  # the thread whose ops the dispatch mode sees
         # (op, user frame) -> [count, made a NaN, allowed]: every birth of a non-finite value,
         # for the report of a run in which none of them mattered.
@@ -101,6 +103,12 @@ class Recorder:
             intended = facts.written_on_purpose = facts.mask_overflowed = True
         phase = self.phase(node, args)
         facts.own_optimizer = phase == "optimizer" and self.locator.in_own_optimizer()
+        if phase == "optimizer" and node is None and not facts.own_optimizer and not _calls_a_step(where):
+            made = self.optimizer_made_at()
+            if made is not None:
+                # A framework's loop called step() (`trainer.fit(model)` is the script's
+                # innermost line): the line that made the optimizer holds its settings.
+                where, facts.optimizer_made_here = made, True
         if phase == "forward" and module is None and _updates_weight_by_hand(func, args, self.state.grad_enabled()):
             phase, facts.own_optimizer = "optimizer", True
         record = Record(
@@ -599,6 +607,17 @@ def _a_sentinel_mask_overflowed(tensors: list[tuple[str, torch.Tensor]], out) ->
                 and abs(float(constant[0])) >= _SENTINEL and math.copysign(1.0, float(constant[0])) == float(signs[0]):
             return True
     return False
+
+
+# A line that calls an optimizer's step itself: `opt.step()`, `scaler.step(opt)`.
+_A_STEP_CALL = re.compile(r"\bstep\s*\(")
+
+
+def _calls_a_step(where) -> bool:
+    if where is None:
+        return False
+    code, line = where
+    return _A_STEP_CALL.search(linecache.getline(code.co_filename, line).split("#", 1)[0]) is not None
 
 
 def _nothing_finite(summary: TensorSummary) -> bool:

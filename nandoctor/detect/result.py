@@ -154,6 +154,7 @@ class SiteFacts:
     written_on_purpose: bool = False  # a fill was handed the non-finite value to write (a -inf mask)
     user_backward: bool = False  # called by the user's own code inside backward (custom Function, hook)
     own_optimizer: bool = False  # called by the step() of an optimizer the user wrote (LARS by hand)
+    optimizer_made_here: bool = False  # a framework's loop called its step(): the location is where it was made
     input_producers: dict[str, str] = field(default_factory=dict)  # input name -> autograd node
     ctc: CtcLengths | None = None
     amp: AmpScaling | None = None
@@ -184,7 +185,8 @@ class SiteFacts:
             if p.buffer:
                 out["parameter_buffer"] = True
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
-                    "user_backward", "written_on_purpose", "own_optimizer", "scaled_gradient_stepped", "mask_overflowed"):
+                    "user_backward", "written_on_purpose", "own_optimizer", "scaled_gradient_stepped", "mask_overflowed",
+                    "optimizer_made_here"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",

@@ -103,7 +103,7 @@ def optimizer_invalid(ev: Evidence) -> Cause | None:
     return Cause(
         "optimizer_invalid",
         "the optimizer made a non-finite update from finite gradients",
-        (f"Inside `optimizer.step()` (called at {ev.where}), `{ev.op}` turned finite gradients and state into "
+        (f"Inside `optimizer.step()` ({_step_called(ev)}), `{ev.op}` turned finite gradients and state into "
          f"{_bad(ev.output)}: {_bad_inputs(ev) or 'its inputs were finite'}. " if ev.root.phase == "optimizer" else
          f"{words.capitalised(words.parameter_phrase(ev.facts.parameter))} became non-finite in an optimizer step although its gradients were "
          f"finite; it was first used at {ev.where} ({ev.code}). ")
@@ -117,6 +117,14 @@ def optimizer_invalid(ev: Evidence) -> Cause | None:
          "Check the optimizer's hyper-parameters: eps > 0 (1e-8; 1e-6 or more under float16), a finite, positive lr, "
          "betas < 1, weight_decay >= 0."),
     )
+
+
+def _step_called(ev: Evidence) -> str:
+    """Where the step was called from, or, when a framework's loop called it, where the
+    optimizer was made (the location then)."""
+    if ev.facts.optimizer_made_here:
+        return f"called by the framework's training loop, of the optimizer made at {ev.where} ({ev.code})"
+    return f"called at {ev.where}"
 
 
 @context_rule
