@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+from nandoctor.detect.ops import normalises_rows
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.detect.records import Record
 from nandoctor.detect.result import Detection, Site, StopReason
@@ -21,13 +22,20 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
     _update_work(chain)
     root = chain[-1]
     intended = next((p for p in root.parents if p.intended or _legit_for(root, p)), None)
+    if intended is not None and birth_of(intended).facts.mask_overflowed and not normalises_rows(root.op):
+        # A finite mask (finfo.min, -1e9) an op pushed past the range went on to make this
+        # NaN (0 * -inf in an entropy): no one wrote that -inf, the op that overflowed made
+        # it, and it is the root. (A softmax over a row the mask leaves nothing in is NaN
+        # whatever the mask's value: the empty row is the bug, at the softmax.)
+        root = birth_of(intended)
+        chain.append(root)
+        intended = None
     if intended is not None:
         intended = birth_of(intended)
         # The root consumed an Inf written on purpose (a -inf mask) or a forward -inf that
         # was fine where it was made (log-space): say where it was.
         root.facts.inf_written_at = locator.location(intended.where)
         root.facts.inf_written_by = None if root.facts.inf_written_at else intended.op
-        root.facts.inf_overflowed_by = intended.op if intended.facts.mask_overflowed else None
     chain.reverse()
     sites = [site_of(r, locator) for r in chain]
     needs_replay = needs_replay or root.facts.written_by_optimizer or root.facts.device_flag is not None

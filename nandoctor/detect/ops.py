@@ -83,6 +83,21 @@ _FINITE_PRESERVING = {
     "neg", "abs", "sign", "sgn", "tanh", "sigmoid", "sin", "cos", "erf", "gelu", "silu", "mish", "hardtanh",
     "hardsigmoid", "hardswish", "softsign", "_softmax", "_safe_softmax", "logsigmoid",
 }
+# Ops that normalise each row over its entries (softmax, attention): a row with every entry
+# at -inf is NaN, whatever wrote the -inf.
+_ROW_NORMALISING = {
+    "_softmax", "_safe_softmax", "_log_softmax", "_transformer_encoder_layer_fwd", "_native_multi_head_attention",
+    "scaled_dot_product_attention", "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
+}
+
+
+def normalises_rows(op: str) -> bool:
+    """`op` as a record names it: `aten._softmax.default`."""
+    parts = op.split(".")
+    return len(parts) >= 2 and parts[1] in _ROW_NORMALISING
+
+
 # Floating dtypes by range: a cast to a dtype of at least the same range keeps finite values finite.
 _RANGE_RANK = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
 

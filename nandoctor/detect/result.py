@@ -145,7 +145,6 @@ class SiteFacts:
     inf_written_at: Location | None = None  # where the intended Inf this op consumed was written
     inf_written_by: str | None = None  # ...the op that wrote it, when it has no user line
     mask_overflowed: bool = False  # a finite mask (finfo.min, -1e9) this op pushed past the range: -inf, a mask still
-    inf_overflowed_by: str | None = None  # the intended Inf this op consumed is such a mask, pushed by this op
     batch: BatchOrigin | None = None
     device_flag: DeviceFlag | None = None  # seen by a device-side flag: values not kept
     gradient_leak_through: str | None = None  # the backward node that turned this op's Inf into NaN
@@ -191,7 +190,7 @@ class SiteFacts:
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
                     "op_facts_error", "loss", "grad_norm", "compiled", "ignore_index", "counted_targets",
-                    "reduced_count", "correction", "unwatched_thread", "inf_overflowed_by", "made_by_numpy"):
+                    "reduced_count", "correction", "unwatched_thread", "made_by_numpy"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.keyless_queries is not None:

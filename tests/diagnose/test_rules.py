@@ -958,11 +958,12 @@ class TestContext:
         entropy.float().backward()
         read_back(entropy)
 
-    def test_a_finite_mask_log_softmax_takes_past_float16s_range_is_named_with_float32_as_a_fix(self):
+    def test_a_finite_mask_log_softmax_takes_past_float16s_range_is_that_overflow(self):
+        result = detect(reading(lambda: self._half_entropy_of_masked_logits(20.0)))
+        assert result.stopped and result.detection.root.op == "aten._log_softmax.default"  # not the 0 * -inf after
         cause = cause_of(lambda: self._half_entropy_of_masked_logits(20.0))
-        assert cause.id == "inf_arithmetic" and cause.title == "zero weights multiplied by infinite values"
-        assert "finfo(float16).min" in cause.explanation and "logits.float()" in cause.fix
-        assert "keep the values finite" not in cause.fix  # they were: the op on the way was not
+        assert cause.id == "fp16_overflow" and "finfo(torch.float16).min" in cause.explanation
+        assert "logits.float()" in cause.fix and "entr" in cause.fix
 
     def test_near_miss_a_top_logit_that_keeps_the_mask_in_range_is_clean(self):
         assert stays_clean(lambda: self._half_entropy_of_masked_logits(3.0))

@@ -301,8 +301,8 @@ def mask_value_used(ev: Evidence) -> Cause | None:
     """The root wrote its non-finite value on purpose (`masked_fill(mask, -inf)`), and that
     value itself reached the loss, a gradient or a read: no op made it by accident, so
     neither overflow nor Inf arithmetic is the cause."""
-    if not ev.facts.written_on_purpose:
-        return None
+    if not ev.facts.written_on_purpose or ev.facts.mask_overflowed:
+        return None  # (a finite mask an op pushed past the range: the op overflowed, nothing wrote the -inf)
     if not ev.facts.entered and not _writes_a_special_value(ev.code):
         return _infinite_by_definition(ev)
     if ev.facts.entered and not _assigns_entries(ev.code) or (ev.output is not None and ev.output.posinf

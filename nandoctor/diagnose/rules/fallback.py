@@ -29,8 +29,13 @@ def fp16_overflow(ev: Evidence) -> Cause | None:
         "fp16_overflow",
         "float16 overflow (past 65504)",
         f"At {ev.where} ({ev.code}) `{ev.op}` has finite {'/'.join(dtypes)} inputs (largest magnitude "
-        f"{fmt(biggest)}) but its float16 result exceeds float16's largest value, 65504, and becomes Inf.",
-        _fp16_fix(ev),
+        f"{fmt(biggest)}) but its float16 result exceeds float16's largest value, 65504, and becomes Inf."
+        + (" The input at that magnitude is a mask written finite on purpose (`torch.finfo(torch.float16).min`, "
+           "-1e4): the op took it past the range (a log_softmax subtracts the row's max and its log-sum-exp), and "
+           "the -inf went on to make NaN (0 * -inf in an entropy's p * log p)." if ev.facts.mask_overflowed else ""),
+        ("Compute this op in float32 (`F.log_softmax(logits.float(), -1)`), where the mask stays finite, or "
+         "drop the masked terms before multiplying (`torch.special.entr(p)`, `torch.xlogy(p, p)`, `torch.where(p > "
+         "0, p * logp, 0)`)." if ev.facts.mask_overflowed else _fp16_fix(ev)),
     )
 
 
@@ -225,23 +230,15 @@ def _zero_weights_times_infinite_values(ev: Evidence, zeros, infinite) -> Cause:
     """`pi * log_softmax(masked_logits)`, `plan * cost` with forbidden cells at +inf: weights
     that are 0 where the values are infinite. The term is meant to vanish there; 0 * inf is
     NaN instead."""
-    overflowed = ev.facts.inf_overflowed_by
     return Cause(
         "inf_arithmetic",
         "zero weights multiplied by infinite values",
         f"At {ev.where} ({ev.code}) `{infinite.name}` holds {_infinities(infinite)} (a log-probability of a masked "
         f"class, an infinite cost) and `{zeros.name}` weighs them by 0 ({count_of(zeros.zeros, zeros)} zeros): "
-        f"0 * inf = NaN ({ev.output.nan if ev.output else 'some'} NaN), where the term was meant to vanish."
-        + (f" The mask itself was finite (`torch.finfo({infinite.dtype}).min`, or a large negative number): "
-           f"`{overflowed}`" + (f" at {ev.facts.inf_written_at}" if ev.facts.inf_written_at else "")
-           + f" pushed it past {infinite.dtype}'s range (log_softmax subtracts the row's max and its log-sum-exp)."
-           if overflowed else ""),
+        f"0 * inf = NaN ({ev.output.nan if ev.output else 'some'} NaN), where the term was meant to vanish.",
         "Drop the zero-weight terms instead of multiplying them: `torch.where(w > 0, w * v, 0.0)` for weights `w` "
-        "and values `v` (`torch.xlogy(p, q)` for p * log q, `torch.special.entr(p)` for -p * log p)"
-        + (f", or take the log-probabilities in float32 (`F.log_softmax(logits.float(), -1)`), where "
-           f"finfo({infinite.dtype}).min stays finite." if overflowed else
-           ", or keep the values finite where they are masked (a `torch.finfo(dtype).min` mask for the logits, a "
-           "large finite cost)."),
+        "and values `v` (`torch.xlogy(p, q)` for p * log q, `torch.special.entr(p)` for -p * log p), or keep the "
+        "values finite where they are masked (a `torch.finfo(dtype).min` mask for the logits, a large finite cost).",
     )
 
 
