@@ -586,9 +586,10 @@ _SENTINEL = 1e4
 
 
 def _a_sentinel_mask_overflowed(tensors: list[tuple[str, torch.Tensor]], out) -> bool:
-    """An additive mask of zeros and one large constant (`(1.0 - mask) * -1e9`) that a cast or
-    a scaling pushed past the dtype's range (float16's 65504): its infinities stand exactly
-    where the constant stood, of its sign, and no NaN. The Inf is the mask still."""
+    """An additive mask of zeros and one large constant (`(1.0 - mask) * -1e9`; both there: a
+    tensor of the constant alone is a value, not a mask) that a cast or a scaling pushed
+    past the dtype's range (float16's 65504): its infinities stand exactly where the
+    constant stood, of its sign, and no NaN. The Inf is the mask still."""
     if not isinstance(out, torch.Tensor) or not out.is_floating_point() or torch.isnan(out).any():
         return False
     infinite = torch.isinf(out)
@@ -603,7 +604,7 @@ def _a_sentinel_mask_overflowed(tensors: list[tuple[str, torch.Tensor]], out) ->
         except RuntimeError:
             continue
         constant = t[t != 0]
-        if len(constant) and torch.equal(marks, infinite) and bool((constant == constant[0]).all()) \
+        if 0 < len(constant) < t.numel() and torch.equal(marks, infinite) and bool((constant == constant[0]).all()) \
                 and abs(float(constant[0])) >= _SENTINEL and math.copysign(1.0, float(constant[0])) == float(signs[0]):
             return True
     return False

@@ -1485,6 +1485,10 @@ class TestSentinels:
         result = detect(lambda: self._padding_bias_cast_to_half(pad_everything_in_a_row=True))
         assert result.stopped and result.detection.root.op == "aten._softmax.default"
 
+    def test_near_miss_a_constant_with_no_zeros_scaled_past_the_range_is_no_mask(self):
+        result = detect(lambda: read_back(torch.full((4,), -1e9).half()))
+        assert result.stopped and result.detection.root.op == "aten._to_copy.default"
+
     def test_near_miss_activations_cast_past_float16s_range_are_an_overflow(self):
         # Zeros (a ReLU's) and large values, but not one constant: activations, not a mask.
         h = torch.tensor([0.0, 7e4, 0.0, 9e4, 1.0])
