@@ -993,7 +993,7 @@ class Detector(Observer):
         batch is reported as it came), and what comes back gives its non-finite tensors."""
         self.state.data_depth += 1
         try:
-            with _random_state_kept():
+            with _random_state_kept(), self._numpy_warnings.caught():
                 samples = fetch()
         except NonFiniteFound:
             raise

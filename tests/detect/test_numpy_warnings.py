@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from helpers import detect, read_back, run_nandoctor
+from nandoctor.diagnose import build_report
 
 
 def _log_features(silenced: bool = False):
@@ -58,5 +59,34 @@ def test_the_script_still_sees_numpys_warning_once_and_the_report_names_its_line
         "(x @ w).pow(2).mean().backward()\n")
     result = run_nandoctor(["run", "features.py"], tmp_path)
     assert result.code == 3 and result.report["root"]["location"]["line"] == 4
-    assert result.report["cause"]["id"] == "nonfinite_input_data"
+    assert result.report["cause"]["id"] == "log_nonpositive"  # what numpy did, as the same torch op
     assert result.stderr.count("RuntimeWarning: divide by zero encountered in log") == 1
+
+
+class _MasksNormalisedByTheirMax(torch.utils.data.Dataset):
+    """Segmentation masks scaled to [0, 1] by their max in numpy, warnings silenced as a
+    notebook silences them; mask 2 is all black: 0/0."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        mask = np.ones((2, 2), np.float32) * (index != 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mask = mask / mask.max()  # MARK-silenced
+        return torch.from_numpy(mask)
+
+
+def test_a_sample_fetched_again_is_found_where_numpy_made_it_however_warnings_are_filtered():
+    def train():
+        for batch in torch.utils.data.DataLoader(_MasksNormalisedByTheirMax(), batch_size=2):
+            read_back(batch)
+
+    result = detect(train)
+    root = result.detection.root
+    assert result.stopped and root.location.line == _line("MARK-silenced") and root.phase == "data"
+    cause = build_report("t.py", exit_code=3, detection=result.detection, step=None,
+                         history=result.detector.history()).cause
+    assert cause.id == "div_by_zero" and "numpy" in cause.title
+    assert np.geterrcall() is None and np.geterr()["invalid"] == "warn"  # numpy's state is the script's again

@@ -271,14 +271,16 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
                    "issues 4132, 15131)." if leak else "")
         numpy = ev.facts.made_by_numpy
         if numpy:
+            cause_id, what_numpy_did = _numpy_cause(numpy, ev.code)
             return Cause(
-                "nonfinite_input_data",
-                "numpy made a non-finite value that then entered torch",
-                f"At {ev.where} ({ev.code}) numpy made {_bad(ev.output)} (it warned: \"{numpy}\"); the array entered "
-                f"torch with it.{arrived}{dropped}",
+                cause_id,
+                f"numpy made a non-finite value ({what_numpy_did}) that then entered torch",
+                f"At {ev.where} ({ev.code}) numpy made {_bad(ev.output)} (\"{numpy}\": {what_numpy_did}); the "
+                f"array entered torch with it.{arrived}{dropped}",
                 "Guard the numpy computation as you would the torch one: `np.log(np.clip(x, eps, None))` or "
-                "`np.log1p(x)` for counts, `np.divide(a, b, out=np.zeros_like(a), where=b != 0)` for a ratio; and "
-                "run with `-W error::RuntimeWarning` to make numpy raise where it happens.",
+                "`np.log1p(x)` for counts, `np.divide(a, b, out=np.zeros_like(a), where=b != 0)` for a ratio (an "
+                "all-zero mask over its own max), `np.clip` before `arccos`; and run with `-W error::RuntimeWarning` "
+                "to make numpy raise where it happens.",
             )
         return Cause(
             "nonfinite_input_data",
@@ -294,6 +296,26 @@ def nonfinite_input_data(ev: Evidence) -> Cause | None:
              "`torch.nan_to_num` target trains the model toward the fill value."),
         )
     return None
+
+
+# numpy's function, from its warning ("... encountered in log") or the line's code, and the
+# cause the same torch op would have.
+_NUMPY_CAUSES = (
+    (re.compile(r"\blog(?:2|10|1p)?\b"), "log_nonpositive", "a log of 0 or of a negative value"),
+    (re.compile(r"\barc(?:cos|sin)\b"), "domain_asin_acos", "arccos/arcsin outside [-1, 1]"),
+    (re.compile(r"\bsqrt\b"), "sqrt_negative", "a square root of a negative value"),
+    (re.compile(r"\bexp(?:2|m1)?\b"), "exp_overflow", "exp of a large value"),
+    (re.compile(r"\b(?:divide|true_divide|reciprocal)\b|/"), "div_by_zero", "a division by zero"),
+)
+
+
+def _numpy_cause(message: str, code: str | None) -> tuple[str, str]:
+    """(cause id, what numpy did) for numpy's warning `message` at a line of `code`."""
+    function = message.rsplit(" encountered in ", 1)[1] if " encountered in " in message else None
+    for pattern, cause_id, what in _NUMPY_CAUSES:
+        if pattern.search(function or code or ""):
+            return cause_id, what
+    return "nonfinite_input_data", message
 
 
 @context_rule
