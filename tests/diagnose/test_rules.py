@@ -453,6 +453,21 @@ class TestDivision:
         assert report["root"]["op"] == "aten.div.Tensor" and report["root"]["location"]["line"] == 8
         assert report["cause"]["id"] == "div_by_zero"
 
+    def test_near_miss_class_centres_a_gather_leaves_out_still_leak_through_the_division(self):
+        # A centre loss: each class's mean feature in the batch, 0/0 for a class absent from
+        # it; `centres[labels]` never gathers those rows, but DivBackward0 is 0/0 for them.
+        torch.manual_seed(0)
+        feats = torch.nn.Parameter(torch.randn(6, 3))
+        labels = torch.tensor([0, 0, 1, 1, 3, 3])  # class 2 absent
+
+        def centre_loss():
+            onehot = F.one_hot(labels, 4).float()
+            centres = (onehot.t() @ feats) / onehot.sum(0).unsqueeze(1)
+            return ((feats - centres[labels]) ** 2).sum(1).mean()
+
+        cause = cause_of(train_steps(centre_loss, [feats]))
+        assert cause.id == "masked_inf_gradient_leak"
+
     def test_an_inf_exp_makes_zero_of_is_the_log_that_made_it(self):
         # x ** w written as exp(w * log(x)), at x = 0: exp(-inf) = 0 in forward, 0 * -inf in backward.
         w = torch.nn.Parameter(torch.tensor([0.5, 1.0]))

@@ -138,7 +138,7 @@ def masked_inf_gradient_leak(ev: Evidence) -> Cause | None:
         return None  # (log(softmax) whose 0 a loss's pick left out: no mask of the user's, a log of 0)
     if rule_for(ev) in _ROW_RULES and rule_for(ev)(ev) is not None:
         return None  # (a softmax row with nothing to attend to made the NaN itself: the row's fix, not a where)
-    if not ev.facts.masked:
+    if ev.facts.absorbed and not ev.facts.masked:
         own = _absorbed_by_accident(ev, node)
         if own is not None:
             return own
