@@ -236,9 +236,11 @@ def _zero_weights_times_infinite_values(ev: Evidence, zeros, infinite) -> Cause:
         f"At {ev.where} ({ev.code}) `{infinite.name}` holds {_infinities(infinite)} (a log-probability of a masked "
         f"class, an infinite cost) and `{zeros.name}` weighs them by 0 ({count_of(zeros.zeros, zeros)} zeros): "
         f"0 * inf = NaN ({ev.output.nan if ev.output else 'some'} NaN), where the term was meant to vanish.",
-        "Drop the zero-weight terms instead of multiplying them: `torch.where(w > 0, w * v, 0.0)` for weights `w` "
-        "and values `v` (`torch.xlogy(p, q)` for p * log q, `torch.special.entr(p)` for -p * log p), or keep the "
-        "values finite where they are masked (a `torch.finfo(dtype).min` mask for the logits, a large finite cost).",
+        "Drop the zero-weight terms instead of multiplying them: `torch.xlogy(p, q)` for p * log q, "
+        "`torch.special.entr(p)` for -p * log p (0 where p is 0, with a finite gradient); for other weights `w` "
+        "and values `v`, `torch.where(w > 0, w * v, 0.0)` when `w` takes no gradient (if it does, backward "
+        "multiplies by the Inf again: make `v` finite there first); or keep the values finite where they are "
+        "masked (a `torch.finfo(dtype).min` mask for the logits, a large finite cost).",
     )
 
 
