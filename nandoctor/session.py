@@ -140,7 +140,7 @@ def _own_values(found) -> bool:
     return False
 
 
-_COLLECTIVES = ("c10d.", "_c10d_functional.", "c10d_functional.")
+_COLLECTIVES = ("c10d.", "_c10d_functional.", "c10d_functional.", "torch.distributed.")
 
 
 def _flush_user_streams() -> None:

@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from nandoctor import distributed
@@ -103,6 +104,25 @@ def test_a_bug_every_rank_hits_is_reported_as_such(tmp_path):
     assert report["root"]["op"] == "aten.log.default" and report["cause"]["id"] == "log_nonpositive"
     assert Path(report["root"]["location"]["file"]).name == SCRIPT.name
     assert any("every rank" in note for note in report["notes"])
+
+
+@launch
+def test_a_nan_one_rank_makes_and_a_collective_carries_is_that_ranks_alone(tmp_path):
+    # Rank 0 computes with the NaN all_gather brought it from rank 1: received, not its own.
+    proc, elapsed = _launch(tmp_path, SHARED_SCALE="1")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    report = _report(tmp_path)
+    dist = report["distributed"]
+    assert (dist["culprit_rank"], dist["ranks_nonfinite"]) == (1, [1])
+    assert report["root"]["op"] == "aten.div.Tensor" and report["cause"]["id"] == "div_by_zero"
+    assert report["root"]["location"]["line"] == _line_of("scale = mine / mine")
+    rank0 = _report(tmp_path, "r.rank0.json")
+    assert rank0["root"]["facts"].get("received_from_peers") is True
+    assert elapsed < 60
+
+
+def _line_of(code: str) -> int:
+    return next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if code in text)
 
 
 def _plain_torchrun(tmp_path: Path) -> subprocess.CompletedProcess:
@@ -296,3 +316,29 @@ def test_a_claim_with_no_step_stops_a_rank_at_once():
     observer = _observer_told(Claim(0, step=None, phase="forward"), step=0)
     with pytest.raises(PeerStopped):
         observer.check_peers()
+
+
+class TestValuesACollectiveWrote:
+    """What `dist.all_reduce` / `all_gather` wrote in place is recorded by where it came from."""
+
+    @staticmethod
+    def _detector():
+        from nandoctor.config import load_config
+        from nandoctor.detect.detector import Detector
+
+        return Detector(load_config().run)
+
+    def test_a_nan_no_record_of_this_ranks_covers_was_received_from_a_peer(self):
+        arrived = torch.tensor([1.0, float("nan")])  # (made before the detector: as a peer's bytes are)
+        with self._detector() as detector:
+            detector.values_received("all_reduce", arrived, [])
+            record = detector.records.get(arrived)
+        assert record is not None and record.facts.received_from_peers and record.op == "torch.distributed.all_reduce"
+
+    def test_near_miss_this_ranks_own_nan_gathered_back_keeps_its_own_record(self):
+        gathered = [torch.tensor(1.0), torch.tensor(float("nan"))]
+        with self._detector() as detector:
+            zero = torch.zeros(())
+            mine = zero / zero  # this rank's own 0/0, sent to all_gather
+            detector.values_received("all_gather", gathered, [mine])
+            assert detector.records.get(gathered[1]) is detector.records.get(mine)

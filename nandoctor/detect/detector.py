@@ -484,6 +484,30 @@ class Detector(Observer):
         if hidden:
             self.stop(hidden, StopReason.NAN_HIDDEN, hidden_by=f"aten.{name}")
 
+    def values_received(self, collective: str, received, sent: list) -> None:
+        """A collective (`dist.all_reduce`, `all_gather`, `broadcast`) wrote what the ranks
+        sent into `received`, in place. A non-finite value there that this rank sent itself
+        (`sent`, all_gather's input, holds a value it made) carries that value's record; one
+        no record of this rank's covers arrived from a peer: recorded as received, so that
+        what it goes on to make is not this rank's own (the peer that made it is the
+        culprit), and it is not taken for data from outside torch."""
+        if self.passive:
+            return
+        with self.internal():
+            own = next((r for t in _tensors_nested(sent) if (r := self.records.get(t)) is not None
+                        and not r.intended), None)
+            for t in _tensors_nested(received):
+                if not t.is_floating_point() or t.is_meta or not checkable(t) or all_finite(t) \
+                        or self.records.get(t) is not None:
+                    continue
+                if own is not None:
+                    self.records.put(t, own)  # (its own share came back with the others')
+                    continue
+                record = self.recorder.bare(f"torch.distributed.{collective}", t, self.recorder.phase(None, ()))
+                record.intended = record.facts.written_on_purpose = False
+                record.facts.untracked_input, record.facts.received_from_peers = False, True
+                self.records.put(t, record)
+
     def absorbed_in_place(self, args, out: torch.Tensor) -> None:
         """An in-place op computed finite values over recorded non-finite ones (a gate's
         `sigmoid_` of +inf): absorbed, as `Recorder.absorbed_in_place` says."""
@@ -1065,3 +1089,13 @@ def _same_error(error: BaseException, refused: BaseException) -> bool:
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
+
+
+def _tensors_nested(value):
+    """The tensors in a collective's argument: a tensor, a list of them, or a list of lists
+    (`all_gather`'s output)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_nested(item)

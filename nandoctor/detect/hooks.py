@@ -52,6 +52,12 @@ from nandoctor.detect.compiled import CompileQuiet, code_of, compile_wrapper, co
 from nandoctor.detect.imports import ImportPatches
 
 
+# torch.distributed's collectives that write what the other ranks sent into their first
+# argument (the tensor, or the list of tensors, or the output tensor).
+_COLLECTIVES_RECEIVING = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+                          "reduce", "all_to_all_single")
+
+
 class TrainingHooks:
     def __init__(self, observer) -> None:
         self.observer = observer
@@ -98,6 +104,10 @@ class TrainingHooks:
             for name in ("from_numpy", "as_tensor"):
                 self._patch(torch, name, self._wrap_entry, training_thread_only=True)
             self._patch(torch, "save", self._wrap_save, training_thread_only=True)
+            if torch.distributed.is_available():
+                for name in _COLLECTIVES_RECEIVING:
+                    if hasattr(torch.distributed, name):
+                        self._patch(torch.distributed, name, self._wrap_collective, training_thread_only=True)
             self._patch(torch, "load", self._wrap_load, training_thread_only=True)
         if self.observer.watches_data:
             self._patch(dataloader_module.DataLoader, "__iter__", self._wrap_iter, training_thread_only=True)
@@ -435,6 +445,22 @@ class TrainingHooks:
             return obj
 
         return load
+
+    def _wrap_collective(self, original):
+        """What a collective wrote into its first argument came from the other ranks (once
+        it is done: an `async_op=True` call's values arrive at `wait()`, not followed)."""
+        observer = self.observer
+        name = original.__name__
+
+        @functools.wraps(original)
+        def collective(*args, **kwargs):
+            work = original(*args, **kwargs)
+            values = [*args, *kwargs.values()]
+            if work is None and values:
+                observer.values_received(name, values[0], values[1:])
+            return work
+
+        return collective
 
     def _wrap_optimizer_init(self, original):
         observer = self.observer

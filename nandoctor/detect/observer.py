@@ -167,6 +167,11 @@ class Observer:
     def value_read(self, t, value: float | None = None) -> None:
         """The script reads a tensor's values back (only when `watches_values`)."""
 
+    def values_received(self, collective: str, received, sent: list) -> None:
+        """A collective of torch.distributed (its name) wrote what the ranks sent into
+        `received` (a tensor or a list of them); `sent` holds its other arguments, this
+        rank's own share among them (all_gather's input)."""
+
     def value_entered(self, t, op: str) -> None:
         """A tensor entered torch from outside (numpy, a file) (only when `watches_values`)."""
 

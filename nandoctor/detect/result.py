@@ -138,6 +138,7 @@ class SiteFacts:
     written_by_optimizer: bool = False  # changed by optimizer.step(), outside the checked ops
     optimizer: str | None = None  # the optimizer's class
     untracked_input: bool = False  # an input was non-finite and no op nandoctor saw made it
+    received_from_peers: bool = False  # a collective (all_reduce, all_gather) brought it from the other ranks
     unwatched_thread: str | None = None  # first seen on this thread, whose ops the per-op watch does not see
     scaled_gradient_stepped: bool = False  # a GradScaler's scaled gradient reached optimizer.step(), not scaler.step()
     entered: bool = False  # the value entered torch non-finite here (torch.tensor, from_numpy)
@@ -185,7 +186,7 @@ class SiteFacts:
                 out["parameter_buffer"] = True
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
                     "user_backward", "written_on_purpose", "own_optimizer", "scaled_gradient_stepped", "mask_overflowed",
-                    "optimizer_made_here"):
+                    "optimizer_made_here", "received_from_peers"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",

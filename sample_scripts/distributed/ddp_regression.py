@@ -12,6 +12,9 @@
 #                 while rank 0 waits for it in the step's all-reduce.
 #   CHECK_LOSS=1  the script checks its loss itself and raises before backward(), so the
 #                 other rank waits in backward's all-reduce for a rank that never comes.
+#   SHARED_SCALE=1 at step 2 each rank computes a scale from its batch, 0/0 on rank 1 only,
+#                 and the ranks all_gather their scales into the loss: rank 0 computes with
+#                 the NaN it received from rank 1 (one rank's bug, carried by a collective).
 # EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
 import os, signal, sys, time
 import torch
@@ -60,6 +63,12 @@ for epoch in range(int(os.environ.get("EPOCHS", "1"))):
         loss = ((out - y) ** 2).mean()
         if LOG_ZERO and step == 2:
             loss = loss + torch.log(out * 0).mean()
+        if os.environ.get("SHARED_SCALE") == "1" and step == 2:
+            mine = x.abs().sum() * (rank == 0)
+            scale = mine / mine
+            scales = [torch.zeros(()) for _ in range(dist.get_world_size())]
+            dist.all_gather(scales, scale)
+            loss = loss * torch.stack(scales).mean()
         if os.environ.get("CHECK_LOSS") == "1" and not torch.isfinite(loss):
             raise FloatingPointError(f"rank {rank}: loss is {loss.item()} at step {step}")
         opt.zero_grad()

@@ -319,6 +319,21 @@ def _numpy_cause(message: str, code: str | None) -> tuple[str, str]:
 
 
 @context_rule
+def received_from_peers(ev: Evidence) -> Cause | None:
+    """A value a collective brought from the other ranks: made there, not here."""
+    if not ev.facts.received_from_peers:
+        return None
+    return Cause(
+        "nonfinite_input_data",
+        "a non-finite value received from another rank",
+        f"At {ev.where} ({ev.code}) `{ev.root.op}` brought {_bad(ev.output)} from the other ranks: no op of this rank "
+        "made it. The rank whose own values went non-finite (`culprit_rank`) has the op and the line.",
+        "Fix it where the culprit rank made it (its report); a metric reduced over ranks is NaN on every rank as "
+        "soon as one rank's share is (`tp / (tp + fn)` on a shard with no positives).",
+    )
+
+
+@context_rule
 def mask_value_used(ev: Evidence) -> Cause | None:
     """The root wrote its non-finite value on purpose (`masked_fill(mask, -inf)`), and that
     value itself reached the loss, a gradient or a read: no op made it by accident, so
