@@ -1058,6 +1058,24 @@ class TestContext:
         assert cause.id == "nonfinite_parameter" and cause.title == "a buffer was already non-finite"
         assert "Buffer `1.running_var` holds" in cause.explanation
 
+    @staticmethod
+    def _deep_mlp_after_updates(lr: float, steps: int = 3):
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(16, 16) for _ in range(12)]
+        model = torch.nn.Sequential(*layers)
+        x = torch.randn(8, 16)
+        return train_steps(lambda: model(x).pow(2).mean(), model.parameters(), steps=steps, lr=lr,
+                           opt_cls=torch.optim.Adam)
+
+    def test_a_learning_rate_orders_of_magnitude_off_blows_up_in_one_update(self):
+        # lr=300 for 3e-2: one Adam step moves each weight by ~300, and the next forward
+        # overflows float32 on its way through 12 layers. Two losses are too few for a series.
+        cause = cause_of(self._deep_mlp_after_updates(lr=300.0))
+        assert cause.id == "exploding_gradient" and "learning rate" in cause.title
+
+    def test_near_miss_a_sane_learning_rate_trains_on(self):
+        assert stays_clean(self._deep_mlp_after_updates(lr=1e-3))
+
     def test_adam_with_zero_eps_is_an_invalid_optimizer(self):
         w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
         cause = cause_of(train_steps(lambda: (w[0] * 3), [w], opt_cls=torch.optim.Adam, lr=0.1, eps=0.0))

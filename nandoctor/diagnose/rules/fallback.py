@@ -93,7 +93,7 @@ def exploding_gradient(ev: Evidence) -> Cause | None:
     loss = growth(ev.history.loss)
     grad = growth(ev.history.grad_norm)
     if not (loss or grad):
-        return None
+        return _blown_up_by_an_update(ev)
     series = []
     if loss:
         series.append(f"the loss grew {fmt(loss[0])}x over the last {len(loss[1])} steps ({' → '.join(fmt(v) for v in loss[1])})")
@@ -107,6 +107,36 @@ def exploding_gradient(ev: Evidence) -> Cause | None:
         "the learning rate is too large for the scale of the inputs.",
         "Lower the learning rate (try 10-100x smaller), normalise the inputs/targets (zero mean, unit variance), "
         "and clip gradients before the step: `torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`.",
+    )
+
+
+# Values no data or activation of a working model reaches: weights an update threw out.
+_ASTRONOMICAL = 1e15
+_FIRST_UPDATES = 3  # a rate that is orders of magnitude off blows the weights up at once
+
+
+def _blown_up_by_an_update(ev: Evidence) -> Cause | None:
+    """Too few steps for a series to grow (a learning rate typed 3e2 for 3e-2): the last
+    loss was moderate and finite, and one or two updates later a forward op overflows on
+    values no data reaches. Only the update can have put them there."""
+    losses = [v for v in ev.history.loss if v is not None]
+    largest = _largest_input(ev)
+    if ev.root.phase != "forward" or not ev.step or ev.step > _FIRST_UPDATES or not losses or not all(math.isfinite(v) for v in losses) \
+            or abs(losses[-1]) > 1e6 or not ev.made_inf() or not ev.inputs_finite() \
+            or largest is None or largest < _ASTRONOMICAL:
+        return None
+    norms = [v for v in ev.history.grad_norm if v is not None and math.isfinite(v)]
+    return Cause(
+        "exploding_gradient",
+        "the weights blew up in the first updates: the learning rate is far too large",
+        f"The loss was {fmt(losses[-1])}" + (f" with a gradient norm of {fmt(norms[-1])}" if norms else "")
+        + f"; {_when(ev).lower()} `{ev.op}` at {ev.where} ({ev.code}) takes values as large as {fmt(largest)} and "
+        f"overflows {ev.dtype}. No data is at that scale: the update moved the weights by far more than their own "
+        "size, as a learning rate orders of magnitude too large does (a typo like 3e2 for 3e-2, or a rate meant for "
+        "another optimizer: Adam moves each weight by about lr per step).",
+        "Check the learning rate (for Adam, 1e-4 to 1e-3 is typical; for SGD it depends on the input scale), warm it "
+        "up from a small value, and clip gradients before the step: "
+        "`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`.",
     )
 
 
