@@ -304,6 +304,27 @@ class PeerChannel:
                 on_claim(claim)
             return
 
+    def tell_replay(self, own: bool, wait_s: float = PEER_WAIT_S) -> dict[int, bool]:
+        """After the run's replay: say whether this rank's replay saw its own values go
+        non-finite, and hear every rank's word (waiting up to `wait_s` for them)."""
+        store = self.store()
+        if store is None:
+            return {self.info.rank: own}
+        keys = [self._key(f"replay_own/{r}") for r in range(self.info.world_size)]
+        try:
+            store.set(keys[self.info.rank], "1" if own else "0")
+            _wait(store, keys, wait_s)
+        except Exception:  # noqa: BLE001 - the store is gone: this rank's word only
+            return {self.info.rank: own}
+        said: dict[int, bool] = {}
+        for rank, key in enumerate(keys):
+            try:
+                if store.check([key]):
+                    said[rank] = store.get(key).decode() == "1"
+            except Exception:  # noqa: BLE001
+                break
+        return said
+
     def close(self) -> None:
         self._stop_watching.set()
 
@@ -406,6 +427,11 @@ class RankRun:
                 self.channel.decide("replay", str(steps))
                 self._replay_result = run(self.replay_environment())
             return self._replay_result
+
+    @property
+    def replay_result(self) -> Any:
+        """What this rank's part in the run's replay gave (None before it ran)."""
+        return self._replay_result
 
     def replay_environment(self, environ=os.environ) -> dict[str, str] | None:
         """The environment of this rank's replay: a port rank 0 picks, shared through the

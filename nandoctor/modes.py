@@ -130,7 +130,7 @@ def _localise(request: RunRequest, rng, first: RunReport, what: str, step: int,
     else:
         outcome = replay.replay(request.target, request.args, request.as_module, request.config_path, rng, step + 1,
                                 stdin=request.stdin)
-    return _reproduced(outcome, first, what, step, weights_clean), outcome
+    return reproduced(outcome, first, what, step, weights_clean), outcome
 
 
 def replay_run(request: RunRequest, rng, steps: int) -> Callable[[dict | None], replay.ReplayOutcome]:
@@ -144,7 +144,7 @@ def replay_run(request: RunRequest, rng, steps: int) -> Callable[[dict | None], 
     return run
 
 
-def _reproduced(outcome: replay.ReplayOutcome, first: RunReport, what: str, step: int,
+def reproduced(outcome: replay.ReplayOutcome, first: RunReport, what: str, step: int,
                 weights_clean: bool | None) -> RunReport | None:
     """The replay's report, marked as reproduced; None when the failure did not come back."""
     replayed = outcome.report

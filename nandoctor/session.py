@@ -7,6 +7,7 @@ The pipeline, each stage in its own place:
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from nandoctor import modes, replay
@@ -59,7 +60,43 @@ def run(request: RunRequest, runner: ScriptRunner) -> RunReport:
         ranks.join_the_replay()  # (at once when its listener has run or is running it)
     elif report.distributed.is_culprit and not ranks.replayed:
         ranks.no_replay()
+    if ranks.replayed and report.distributed.culprit_rank is not None and mode.name == "watch":
+        final = _settled_by_the_replay(ranks, report, final, observer.finding())
     return final
+
+
+def _settled_by_the_replay(ranks: RankRun, first: RunReport, final: RunReport, found) -> RunReport:
+    """Watch mode sees values only at step boundaries: gradients once DDP has averaged them
+    (no rank's own, and whichever rank claimed first is the culprit so far), a loss that a
+    collective made NaN on every rank (every rank's own, so far). Every rank's replay, op
+    by op, tells whose own values went non-finite: those are `ranks_nonfinite`, the culprit
+    stays the culprit if among them, else the lowest of them is, and its replay's report is
+    the run's."""
+    outcome = ranks.replay_result
+    replayed = outcome.report if outcome is not None else None
+    own = replayed is not None and replayed.status == "nonfinite" and replayed.root is not None \
+        and _own_root(replayed.root)
+    said = ranks.channel.tell_replay(own)
+    owners = sorted(rank for rank, was_own in said.items() if was_own)
+    if not owners:
+        return final
+    me = first.distributed.rank
+    culprit = first.distributed.culprit_rank if first.distributed.culprit_rank in owners else owners[0]
+    if me == culprit and final is first and replayed is not None:  # (it was stopped by a peer: its replay is the answer)
+        final = modes.reproduced(outcome, first, found.what if isinstance(found, WatchFinding) else "value",
+                                 first.step or 0, None) or final
+    final.distributed = dataclasses.replace(first.distributed, culprit_rank=culprit, ranks_nonfinite=owners,
+                                            stopped_by_peer=me != culprit)
+    final.notes = [n for n in final.notes if n not in first.notes] + rank_words.notes(final.distributed, final.error)
+    return final
+
+
+def _own_root(root) -> bool:
+    """A replay's root made by this rank itself (not a value a collective or DDP's averaged
+    gradients brought it from the others)."""
+    if root.op.startswith(_COLLECTIVES) or root.facts.received_from_peers:
+        return False
+    return not (root.facts.untracked_input and root.facts.batch is None and not root.facts.entered)
 
 
 def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankRun | None = None) -> RunReport:

@@ -121,6 +121,21 @@ def test_a_nan_one_rank_makes_and_a_collective_carries_is_that_ranks_alone(tmp_p
     assert elapsed < 60
 
 
+@launch
+def test_in_watch_mode_a_nan_seen_first_in_averaged_gradients_is_settled_by_the_replay(tmp_path):
+    # Both ranks see NaN gradients only after DDP averaged them, and either may claim first;
+    # each rank's replay, op by op, says whose own backward made it: rank 1's sqrt(0).
+    proc, elapsed = _launch(tmp_path, "--mode", "watch", SQRT_ZERO="1")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    report = _report(tmp_path)
+    dist = report["distributed"]
+    assert (dist["rank"], dist["culprit_rank"], dist["ranks_nonfinite"]) == (1, 1, [1])
+    assert report["cause"]["id"] == "sqrt_zero_backward"
+    assert report["root"]["location"]["line"] == _line_of("torch.sqrt(out.pow(2).sum() * (rank != 1))")
+    assert proc.stderr.count("╭─ nandoctor") == 1
+    assert elapsed < 90
+
+
 def _line_of(code: str) -> int:
     return next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if code in text)
 

@@ -15,6 +15,8 @@
 #   SHARED_SCALE=1 at step 2 each rank computes a scale from its batch, 0/0 on rank 1 only,
 #                 and the ranks all_gather their scales into the loss: rank 0 computes with
 #                 the NaN it received from rank 1 (one rank's bug, carried by a collective).
+#   SQRT_ZERO=1   at step 2 rank 1 adds sqrt(0) to its loss: finite, but its gradient is NaN,
+#                 which DDP then averages into every rank's gradients (a NaN seen first there).
 # EPOCHS=N trains N epochs (8 steps each; the benchmark uses more).
 import os, signal, sys, time
 import torch
@@ -69,6 +71,8 @@ for epoch in range(int(os.environ.get("EPOCHS", "1"))):
             scales = [torch.zeros(()) for _ in range(dist.get_world_size())]
             dist.all_gather(scales, scale)
             loss = loss * torch.stack(scales).mean()
+        if os.environ.get("SQRT_ZERO") == "1" and step == 2:
+            loss = loss + torch.sqrt(out.pow(2).sum() * (rank != 1))
         if os.environ.get("CHECK_LOSS") == "1" and not torch.isfinite(loss):
             raise FloatingPointError(f"rank {rank}: loss is {loss.item()} at step {step}")
         opt.zero_grad()
