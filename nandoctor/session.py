@@ -75,7 +75,7 @@ def _settled_by_the_replay(ranks: RankRun, first: RunReport, final: RunReport, f
     outcome = ranks.replay_result
     replayed = outcome.report if outcome is not None else None
     own = replayed is not None and replayed.status == "nonfinite" and replayed.root is not None \
-        and _own_root(replayed.root)
+        and _made_here(replayed.root, op_by_op=True)
     said = ranks.channel.tell_replay(own)
     owners = sorted(rank for rank, was_own in said.items() if was_own)
     if not owners:
@@ -89,14 +89,6 @@ def _settled_by_the_replay(ranks: RankRun, first: RunReport, final: RunReport, f
                                             stopped_by_peer=me != culprit)
     final.notes = [n for n in final.notes if n not in first.notes] + rank_words.notes(final.distributed, final.error)
     return final
-
-
-def _own_root(root) -> bool:
-    """A replay's root made by this rank itself (not a value a collective or DDP's averaged
-    gradients brought it from the others)."""
-    if root.op.startswith(_COLLECTIVES) or root.facts.received_from_peers:
-        return False
-    return not (root.facts.untracked_input and root.facts.batch is None and not root.facts.entered)
 
 
 def _run_under(observer: Observer, runner: ScriptRunner, mode: str, ranks: RankRun | None = None) -> RunReport:
@@ -169,12 +161,20 @@ def _own_values(found) -> bool:
     if isinstance(found, WatchFinding):
         return found.what != "gradient"  # a gradient is seen only after the all-reduce
     if isinstance(found, Detection):
-        root = found.root
-        if root.op.startswith(_COLLECTIVES):
-            return False
-        arrived = not root.op and root.facts.untracked_input and root.facts.batch is None and not root.facts.entered
-        return not arrived
+        return _made_here(found.root, op_by_op=False)
     return False
+
+
+def _made_here(root, op_by_op: bool) -> bool:
+    """Was this root made by this rank itself, not brought from the others by a collective:
+    what one wrote, or a value that appeared with no op that made it (no op at all; in a
+    replay, which checks backward op by op, also a backward op's input, as DDP's averaged
+    gradients arrive: a first run's module regions and node checks leave such inputs too)?"""
+    if root.op.startswith(_COLLECTIVES) or root.facts.received_from_peers:
+        return False
+    arrived = root.facts.untracked_input and root.facts.batch is None and not root.facts.entered \
+        and (not root.op or op_by_op and root.phase == "backward")
+    return not arrived
 
 
 _COLLECTIVES = ("c10d.", "_c10d_functional.", "c10d_functional.", "torch.distributed.")

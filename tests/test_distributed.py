@@ -356,4 +356,13 @@ class TestValuesACollectiveWrote:
             zero = torch.zeros(())
             mine = zero / zero  # this rank's own 0/0, sent to all_gather
             detector.values_received("all_gather", gathered, [mine])
-            assert detector.records.get(gathered[1]) is detector.records.get(mine)
+            made = detector.records.get(mine)
+            assert made is not None and detector.records.get(gathered[1]) is made
+
+    def test_near_miss_a_lone_minus_inf_received_stays_a_sentinel(self):
+        # A running max all_reduce'd with MAX from ranks that saw nothing yet: -inf, on purpose.
+        best = torch.tensor([float("-inf")])
+        with self._detector() as detector:
+            detector.values_received("all_reduce", best, [])
+            record = detector.records.get(best)
+        assert record is not None and record.intended and record.facts.received_from_peers

@@ -494,17 +494,17 @@ class Detector(Observer):
         if self.passive:
             return
         with self.internal():
-            own = next((r for t in _tensors_nested(sent) if (r := self.records.get(t)) is not None
+            own = next((r for _, t in tensors_in(sent) if (r := self.records.get(t)) is not None
                         and not r.intended), None)
-            for t in _tensors_nested(received):
+            for _, t in tensors_in(received):
                 if not t.is_floating_point() or t.is_meta or not checkable(t) or all_finite(t) \
                         or self.records.get(t) is not None:
                     continue
                 if own is not None:
                     self.records.put(t, own)  # (its own share came back with the others')
                     continue
+                # (A lone -inf, a running max's start, stays the sentinel `bare` takes it for.)
                 record = self.recorder.bare(f"torch.distributed.{collective}", t, self.recorder.phase(None, ()))
-                record.intended = record.facts.written_on_purpose = False
                 record.facts.untracked_input, record.facts.received_from_peers = False, True
                 self.records.put(t, record)
 
@@ -1090,12 +1090,3 @@ def _same_error(error: BaseException, refused: BaseException) -> bool:
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
 
-
-def _tensors_nested(value):
-    """The tensors in a collective's argument: a tensor, a list of them, or a list of lists
-    (`all_gather`'s output)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors_nested(item)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from nandoctor.detect.ops import base_name
+from nandoctor.detect.ops import SOFTMAX_OPS, base_name
 from nandoctor.detect.result import CtcItem, CtcLengths
 
 _collectors: dict[str, Callable[..., dict[str, Any]]] = {}
@@ -110,8 +110,7 @@ def spread_facts(x, dim=None, *rest, correction=None, unbiased=None, **kwargs) -
     return {"reduced_count": _count_over(x, dim), "correction": float(correction)}
 
 
-
-@collects("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax")
+@collects(*SOFTMAX_OPS)
 def softmax_facts(x, dim, *rest, **kwargs) -> dict[str, Any]:
     """Over square scores (T queries x T keys, softmax over the keys), which query rows have
     every key at -inf, and whether the same rows do in every matrix: then the mask's own

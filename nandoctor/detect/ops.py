@@ -83,13 +83,15 @@ _FINITE_PRESERVING = {
     "neg", "abs", "sign", "sgn", "tanh", "sigmoid", "sin", "cos", "erf", "gelu", "silu", "mish", "hardtanh",
     "hardsigmoid", "hardswish", "softsign", "_softmax", "_safe_softmax", "logsigmoid",
 }
-# Ops that normalise each row over its entries (softmax, attention): a row with every entry
-# at -inf is NaN, whatever wrote the -inf.
-_ROW_NORMALISING = {
-    "_softmax", "_safe_softmax", "_log_softmax", "_transformer_encoder_layer_fwd", "_native_multi_head_attention",
-    "scaled_dot_product_attention", "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
-}
+# Ops that normalise each row over its entries: a row with every entry at -inf is NaN,
+# whatever wrote the -inf. Softmaxes by their base names, and the fused attentions that
+# take a mask (nn.TransformerEncoderLayer's and nn.MultiheadAttention's fast path, SDPA).
+SOFTMAX_OPS = ("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax")
+ATTENTION_OPS = ("_transformer_encoder_layer_fwd", "_native_multi_head_attention", "scaled_dot_product_attention",
+                 "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_cudnn_attention")
+_ROW_NORMALISING = frozenset(SOFTMAX_OPS + ATTENTION_OPS)
 
 
 def normalises_rows(op: str) -> bool:

@@ -510,5 +510,7 @@ class NodeSites:
 
 def _an_optimizer(obj) -> bool:
     """A torch optimizer, or another framework's (Keras's `BaseOptimizer`), by its classes."""
-    return isinstance(obj, torch.optim.Optimizer) or any(
-        c.__name__ in ("Optimizer", "BaseOptimizer") for c in type(obj).__mro__[:-1]) if obj is not None else False
+    if obj is None:
+        return False
+    return isinstance(obj, torch.optim.Optimizer) or any(c.__name__ in ("Optimizer", "BaseOptimizer")
+                                                         for c in type(obj).__mro__[:-1])

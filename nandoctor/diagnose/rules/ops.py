@@ -10,6 +10,7 @@ import linecache
 import math
 import re
 
+from nandoctor.detect.ops import ATTENTION_OPS, SOFTMAX_OPS
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import EXP_LIMIT, FLOAT_MAX, Evidence, count_of, fmt
 from nandoctor.diagnose.registry import op_rule
@@ -725,7 +726,7 @@ def _masks_the_diagonal(code: str | None) -> bool:
     return bool(code) and "triu(" in code and not _ABOVE_THE_DIAGONAL.search(code)
 
 
-@op_rule("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax")
+@op_rule(*SOFTMAX_OPS)
 def softmax_all_masked(ev: Evidence) -> Cause | None:
     x = ev.input("self") or ev.first_input()
     if x is not None and x.posinf and ev.made_nan():
@@ -759,7 +760,8 @@ def softmax_all_masked(ev: Evidence) -> Cause | None:
 
 
 def _first_query_keyless_everywhere(facts) -> bool:
-    return facts.keyless_queries == (0,) and facts.keyless_in_every_matrix
+    # (A list once the facts have come back from a replay's JSON report.)
+    return tuple(facts.keyless_queries or ()) == (0,) and facts.keyless_in_every_matrix
 
 
 def _mask_shape_leaves_rows_keyless(facts) -> str:
@@ -781,10 +783,7 @@ _ROWS_WITH_NOTHING = (
     "the NaN: such a row then attends uniformly to padding.")
 
 
-@op_rule("_transformer_encoder_layer_fwd", "_native_multi_head_attention", "scaled_dot_product_attention",
-         "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu",
-         "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
-         "_scaled_dot_product_cudnn_attention")
+@op_rule(*ATTENTION_OPS)
 def attention_all_masked(ev: Evidence) -> Cause | None:
     """A fused attention (nn.TransformerEncoderLayer's and nn.MultiheadAttention's fast path in
     eval, F.scaled_dot_product_attention) whose -inf mask leaves a query no key."""
