@@ -44,6 +44,9 @@ CHECKERS = {
 # work of a GPU run (the kernel launches aside): what keeps a GPU waiting on the host.
 TRACE_WITH_FLAGS = {"trace_flags": lambda: Detector(dict(load_config().run, device_flags="always"))}
 
+# Watch as `run.watch_gradients: true` runs it: the gradients' norm read at every step too.
+WATCH_GRADIENTS = {"watch_grads": lambda: StepWatcher(dict(load_config().run, watch_gradients=True))}
+
 
 def block(step, steps: int, checker: str | None, checkers=CHECKERS) -> float:
     context = checkers[checker]() if checker else nullcontext()
@@ -98,8 +101,14 @@ def main() -> None:
     ap.add_argument("--verbose", action="store_true", help="print every round's ratio")
     ap.add_argument("--device-flags", action="store_true",
                     help="also trace with device flags, as on a GPU (the host's side of it)")
+    ap.add_argument("--watch-gradients", action="store_true",
+                    help="also watch with run.watch_gradients (every gradient read at each step)")
     args = ap.parse_args()
-    checkers = dict(CHECKERS, **TRACE_WITH_FLAGS) if args.device_flags else CHECKERS
+    checkers = dict(CHECKERS)
+    if args.device_flags:
+        checkers.update(TRACE_WITH_FLAGS)
+    if args.watch_gradients:
+        checkers.update(WATCH_GRADIENTS)
     print_table(checkers, args.models, args.rounds, args.block_s, args.verbose)
 
 

@@ -42,6 +42,11 @@ DEFAULTS: dict[str, Any] = {
         # localised by a seeded replay); "never" reads every check at once (a sync per op);
         # "always" uses flags on CPU too.
         "device_flags": "auto",
+        # watch mode: also read every gradient's norm at each step (one pass over them, ~2%
+        # of a small model's step), so that a non-finite gradient under a finite loss stops
+        # the run before its update. By default it shows in the next step's loss (the
+        # replay finds the same op); under torch.distributed the gradients are always read.
+        "watch_gradients": False,
         # stop after this many optimizer steps (0: never), making any script a smoke test.
         "max_steps": 0,
         # steps of loss / gradient-norm history kept for the exploding-gradient rule.

@@ -29,13 +29,13 @@ def table(out: str, model: str) -> tuple[str, str]:
     return header, row
 
 
-def ratios_under_columns(header: str, row: str, cell: str) -> dict[str, tuple[float, ...]]:
+def ratios_under_columns(header: str, row: str, cell: str, checkers=CHECKERS) -> dict[str, tuple[float, ...]]:
     """Per checker, the numbers of the cell right-aligned under its name in the header.
 
     `cell` is the cell's pattern; the cell must end exactly where the column name ends.
     """
     found = {}
-    for checker in CHECKERS:
+    for checker in checkers:
         column = re.search(rf"(?<!\S){checker}(?!\S)", header)
         assert column, f"no column {checker!r} in {header!r}"
         end = column.end()
@@ -74,6 +74,15 @@ def test_the_interleaved_bench_prints_a_ratio_per_checker():
     assert list(ratios) == CHECKERS
     assert_positive_finite(ratios)
     assert len(re.findall(RATIO, row)) == len(CHECKERS)
+
+
+def test_the_interleaved_bench_adds_watch_reading_every_gradient_on_request():
+    out = run_bench("bench/bench_interleaved.py", "--rounds", "1", "--block-s", "0.02", "--models", "mlp",
+                    "--watch-gradients")
+    header, row = table(out, "mlp")
+    ratios = ratios_under_columns(header, row, RATIO, [*CHECKERS, "watch_grads"])
+    assert list(ratios) == [*CHECKERS, "watch_grads"]
+    assert_positive_finite(ratios)
 
 
 def test_the_breakdown_bench_prints_a_ratio_per_layer_of_the_cost():

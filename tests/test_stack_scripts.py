@@ -86,12 +86,14 @@ def test_broken_stack_script_is_diagnosed_in_trace_mode(script, workdir):
 
 
 @pytest.mark.parametrize("script", BROKEN)
-def test_broken_stack_script_stops_before_the_update_in_watch_mode_and_replays_to_the_root(script, workdir):
+def test_broken_stack_script_in_watch_mode_replays_to_the_root(script, workdir):
     _skip_without_stack(script)
     proc, report = _nandoctor(script, workdir, "--mode", "watch")
     _check_diagnosis(script, proc, report)
-    if EXPECTATIONS[script]["phase"] != "optimizer":  # (an update the optimizer itself makes NaN from
-        # finite gradients is seen once it is made: the weights already hold it)
+    # A non-finite loss stops its step before the update. Not so a NaN gradient under a
+    # finite loss (it shows in the next step's loss, which the update made NaN), nor an
+    # update the optimizer itself makes NaN from finite gradients (seen once it is made).
+    if EXPECTATIONS[script]["phase"] not in ("backward", "optimizer"):
         assert report.get("weights_clean") is not False, "watch mode let the bad update through"
 
 

@@ -1,11 +1,19 @@
 """Watch mode: check only at step boundaries, cheap enough to leave on for a whole run.
 
-Per optimizer step it costs one reduction over the gradients and one host sync: the loss
-seen at `backward()` is kept on its device, and before `optimizer.step()` the loss, the
-global gradient norm and their finiteness come back to the host in a single transfer.
-A non-finite loss or gradient stops the run *before* the update is applied, so the
-weights are still clean. Localising the op is then the replay's job (see `replay.py`):
-the script runs again, seeded the same, under the per-op detector.
+Per optimizer step it reads the loss seen at `backward()`, kept on its device, in one host
+sync before `optimizer.step()`: a non-finite loss stops the run before the update, so the
+weights are still clean. The gradients are not read by default: one pass over them costs
+about as much as the rest of watch mode together (2% of a small model's step), and a
+non-finite gradient under a finite loss shows in the next step's loss, since the update
+carries it into the weights. Localising the op is the replay's job (see `replay.py`): the
+script runs again, seeded the same, under the per-op detector, which finds the same op
+either way. The gradients' norm is read with the loss (one reduction each, the same sync)
+where the one-step delay would cost more than the pass:
+- `run.watch_gradients = true`: the user wants the run stopped before any bad update;
+- ranks train together (torch.distributed): every rank must stop at the same step, and
+  only the averaged gradients are the same on every rank;
+- the step saw no loss (gradients written by hand): there is nothing else to read.
+A norm `clip_grad_norm_` already measured is read in every case: it costs nothing.
 
 Without an optimizer (a hand-written update loop) the loss is checked at `backward()`.
 """
@@ -41,6 +49,7 @@ class StepWatcher(Observer):
         self._earlier: list[tuple[torch.Tensor, Any]] = []
         self._scaled_loss = False
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
+        self._every_gradient = bool(run_settings.get("watch_gradients", False))
         self._hooks = TrainingHooks(self)
 
     def __enter__(self) -> "StepWatcher":
@@ -80,18 +89,17 @@ class StepWatcher(Observer):
 
     def before_optimizer_step(self, optimizer) -> None:
         self.optimizer_created(optimizer)
-        grads = [g for group in optimizer.param_groups for p in group["params"]
-                 if (g := p.grad) is not None and not g.is_meta]
+        earlier, self._earlier = self._earlier, []
+        grads = self._gradients_to_read(optimizer, loss_seen=self._loss is not None or bool(earlier))
         # (Both are 0-d and hold no graph: the loss kept detached, the norm clip measured.)
         head = [t if t.dim() == 0 else t.reshape(()) for t in (self._loss, self.state.clipped_from)
                 if isinstance(t, torch.Tensor)]
-        earlier, self._earlier = self._earlier, []
         values = [t for t, _ in earlier] + head + (list(torch._foreach_norm(grads)) if grads else [])
         if not values:
             return
         # The one host sync of the step: the losses, the norm clip_grad_norm_ measured and
-        # every gradient's norm (one reduction each) in one transfer, combined here in
-        # float64 (where the squares of float32 norms cannot overflow).
+        # the gradients' norms where read (one reduction each) in one transfer, combined
+        # here in float64 (where the squares of float32 norms cannot overflow).
         numbers = _as_floats(values)
         for (_, where), value in zip(earlier, numbers[:len(earlier)]):
             if not math.isfinite(value):
@@ -110,6 +118,14 @@ class StepWatcher(Observer):
             self._stop("loss", loss, grad_norm, self._loss_where)
         if grad_norm is not None and not math.isfinite(grad_norm):
             self._stop("gradient", loss, grad_norm, self.locator.user_frame(2))
+
+    def _gradients_to_read(self, optimizer, loss_seen: bool) -> list[torch.Tensor]:
+        """The gradients whose norm this step reads (see the module docstring): none when
+        the step's loss tells enough."""
+        if loss_seen and not self._every_gradient and not _ranks_train_together():
+            return []
+        return [g for group in optimizer.param_groups for p in group["params"]
+                if (g := p.grad) is not None and not g.is_meta]
 
     def scaler_stepped(self, scaler, optimizer, skipped: bool) -> None:
         """A step the scaler skipped ran no optimizer.step(), so no check: the loss is read
@@ -192,6 +208,12 @@ class StepWatcher(Observer):
         if not params:
             return None
         return _all_finite(params)
+
+
+def _ranks_train_together() -> bool:
+    """Several ranks of torch.distributed train this model (each step all-reduces)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _all_finite(params) -> bool:

@@ -562,14 +562,26 @@ def test_ops_inside_torch_func_transforms_are_checked_and_the_root_found():
     assert root.backward_node.startswith("SqrtBackward") and root.location.function == "loss_fn"
 
 
-def test_watch_mode_leaves_transforms_alone_and_stops_on_the_gradient_they_produce():
-    watcher = StepWatcher(load_config().run)
+def _watched_per_sample_gradients(**settings) -> StepWatcher:
+    watcher = StepWatcher(dict(load_config().run, **settings))
     try:
         with watcher:
             _per_sample_gradients(broken=True)
     except NonFiniteFound:
         pass
-    assert watcher.finding().what == "gradient" and watcher.finding().weights_clean
+    return watcher
+
+
+def test_watch_mode_leaves_transforms_alone_and_stops_on_the_loss_their_nan_gradient_makes():
+    # The loss grad() differentiates is seen (finite at step 0); the NaN gradient it gives
+    # reaches the weights, and step 1's loss is NaN.
+    finding = _watched_per_sample_gradients().finding()
+    assert (finding.what, finding.step, finding.weights_clean) == ("loss", 1, False)
+
+
+def test_watch_gradients_stops_on_the_gradient_a_transform_produces_before_the_update():
+    finding = _watched_per_sample_gradients(watch_gradients=True).finding()
+    assert (finding.what, finding.step, finding.weights_clean) == ("gradient", 0, True)
 
 
 def _per_example_gradients_of_corrupt_rows(drop_bad_examples: bool, steps: int = 3):

@@ -1,5 +1,6 @@
-"""Watch mode: cheap checks at step boundaries, a stop before the bad update, and a replay
-that localises the op or says the failure did not come back."""
+"""Watch mode: cheap checks at step boundaries (the loss before each update; the gradients
+where asked or where there is no loss), and a replay that localises the op or says the
+failure did not come back."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -54,24 +55,65 @@ def test_near_miss_complex_gradients_that_stay_finite_run_clean():
     assert _watched(_complex_layer_training(bad_step=None)).finding() is None
 
 
-def test_a_bad_gradient_stops_the_run_before_the_update_is_applied():
+def _nan_gradient_at_step_1(watch_gradients: bool = False, assign_gradients: bool = False) -> tuple[StepWatcher, torch.Tensor]:
+    """Three SGD steps of a finite loss; step 1's gradient gets a NaN. With
+    `assign_gradients` the script writes the gradients itself (no backward, no loss)."""
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = torch.optim.SGD([w], lr=0.1)
 
     def train():
         for step in range(3):
             opt.zero_grad()
-            loss = (w * w).sum()
-            loss.backward()
+            if assign_gradients:
+                w.grad = 2 * w.detach()
+            else:
+                (w * w).sum().backward()
             if step == 1:
                 w.grad[0] = float("nan")
             opt.step()
 
-    watcher = _watched(train)
-    assert watcher.finding() is not None and watcher.finding().what == "gradient"
-    assert watcher.finding().step == 1
-    assert watcher.finding().weights_clean is True
-    assert torch.isfinite(w).all()
+    watcher = StepWatcher(dict(load_config().run, watch_gradients=watch_gradients))
+    try:
+        with watcher:
+            train()
+    except NonFiniteFound:
+        pass
+    return watcher, w
+
+
+def test_a_bad_gradient_under_a_finite_loss_shows_in_the_next_steps_loss():
+    # The gradients are not read by default: the update carries the NaN into the weights,
+    # and the next loss is NaN (the replay finds the op of step 1 either way).
+    watcher, w = _nan_gradient_at_step_1()
+    finding = watcher.finding()
+    assert finding is not None and (finding.what, finding.step) == ("loss", 2)
+    assert finding.weights_clean is False and not torch.isfinite(w).all()
+
+
+def test_watch_gradients_stops_on_a_bad_gradient_before_the_update_is_applied():
+    watcher, w = _nan_gradient_at_step_1(watch_gradients=True)
+    finding = watcher.finding()
+    assert finding is not None and (finding.what, finding.step) == ("gradient", 1)
+    assert finding.weights_clean is True and torch.isfinite(w).all()
+
+
+def test_gradients_written_without_a_loss_are_read_at_the_step():
+    # No backward() saw a loss this step: the gradients are all there is to check.
+    watcher, w = _nan_gradient_at_step_1(assign_gradients=True)
+    finding = watcher.finding()
+    assert finding is not None and (finding.what, finding.step) == ("gradient", 1)
+    assert finding.weights_clean is True and torch.isfinite(w).all()
+
+
+def test_near_miss_finite_gradients_written_without_a_loss_run_clean():
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([w], lr=0.1)
+    watcher = StepWatcher(load_config().run)
+    with watcher:
+        for _ in range(3):
+            w.grad = 2 * w.detach()
+            opt.step()
+    assert watcher.finding() is None and watcher.state.step == 3
 
 
 def _plateau(val_losses) -> StepWatcher:
