@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from nandoctor.detect.amp import ScalerTracker
+from nandoctor.detect.device_flags import HostRead
 from nandoctor.detect.hooks import optimizer_name
 from nandoctor.detect.lineage import birth_of
 from nandoctor.detect.mode import all_finite
@@ -68,16 +69,21 @@ class BoundaryChecks:
         losses are not applied, so they no longer matter."""
         self._kept_losses.clear()
 
-    def kept_losses(self) -> None:
-        """The losses `loss` kept since the last step, read in one transfer: noted in the
-        history, and a non-finite one stops the run (before the update: the step's boundary)."""
-        if not self._kept_losses:
-            return
+    def take_kept_losses(self, transfer: HostRead) -> Callable[[list], None]:
+        """Queue the losses kept since the last step on `transfer` (read with the step's
+        other numbers); the function returned notes them in the history, and a non-finite
+        one stops the run (before the update: the step's boundary)."""
         kept, self._kept_losses = self._kept_losses, []
-        for t, value in zip(kept, _values(kept)):
-            self.state.note_loss(value)
-            if not math.isfinite(value):
-                self.stop(self.recorder.existing_or_bare(t, "loss", "forward"), StopReason.LOSS)
+        places = [transfer.add(t) for t in kept]
+
+        def check(host: list) -> None:
+            for t, place in zip(kept, places):
+                value = float(host[place][0])
+                self.state.note_loss(value)
+                if not math.isfinite(value):
+                    self.stop(self.recorder.existing_or_bare(t, "loss", "forward"), StopReason.LOSS)
+
+        return check
 
     def gradients_after_backward(self, roots, mark: int, check: bool = True) -> None:
         """A leaf's gradient still non-finite after backward() stops the run. Only walked when
@@ -114,21 +120,30 @@ class BoundaryChecks:
 
     # -- the optimizer step ------------------------------------------------------------
 
-    def before_step(self, optimizer) -> None:
-        """The gradients the step will apply, and (once per optimizer) the parameters."""
+    def take_gradients(self, optimizer, transfer: HostRead) -> Callable[[list], None]:
+        """Queue the norm of the gradients the step will apply on `transfer`; the function
+        returned keeps it in the history, stops the run on a non-finite one, and (once per
+        optimizer) checks the parameters."""
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]
                  if p.grad is not None and not p.grad.is_meta]
-        if grads:
-            total = global_norm(grads)
-            clipped_from = self.state.norm_before_clipping()
-            self.state.pending_grad_norm = total if clipped_from is None else clipped_from
-            if not math.isfinite(total):
-                self._stop_on_bad_gradient(optimizer)
-        if optimizer not in self._optimizers_checked:
-            # Once per optimizer: parameters that were non-finite before training (every
-            # later change to them is an op the detector checks, or this step's own check).
-            self._optimizers_checked.add(optimizer)
-            self._check_parameters(optimizer)
+        place = transfer.add(_float32_norm(grads)) if grads else None
+
+        def check(host: list) -> None:
+            if place is not None:
+                total = float(host[place][0])
+                if not math.isfinite(total):
+                    total = _float64_norm(grads)  # rare: tell a float32 norm that overflowed from a bad gradient
+                clipped_from = self.state.norm_before_clipping()
+                self.state.pending_grad_norm = total if clipped_from is None else clipped_from
+                if not math.isfinite(total):
+                    self._stop_on_bad_gradient(optimizer)
+            if optimizer not in self._optimizers_checked:
+                # Once per optimizer: parameters that were non-finite before training (every
+                # later change to them is an op the detector checks, or this step's own check).
+                self._optimizers_checked.add(optimizer)
+                self._check_parameters(optimizer)
+
+        return check
 
     def after_step(self, optimizer) -> None:
         """One reduction over the parameters the step may have changed. A non-finite one
@@ -167,16 +182,24 @@ def global_norm(tensors: list[torch.Tensor]) -> float:
     """The 2-norm over all `tensors`: non-finite iff some element is. One reduction per
     tensor in their own dtype, combined in float32; only if that overflows is it
     recomputed in float64, so a finite float32 gradient never reads as Inf."""
+    total = float(_float32_norm(tensors).item())
+    return total if math.isfinite(total) else _float64_norm(tensors)
+
+
+def _float32_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm over all `tensors`, 0-d float32 on their device (no read)."""
     norms = torch._foreach_norm(tensors)
     stacked = torch.stack(norms)
     if stacked.dtype != torch.float32:  # (float32 norms need no cast: a call per tensor saved)
         stacked = torch.stack([n.float() for n in norms])
-    total = float(torch.linalg.vector_norm(stacked).item())
-    if not math.isfinite(total):
-        # (A float64 norm takes real values: a complex tensor's norm is its magnitudes'.)
-        real = [t.abs() if t.is_complex() else t for t in tensors]
-        total = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(real, 2, dtype=torch.float64))).item())
-    return total
+    return torch.linalg.vector_norm(stacked)
+
+
+def _float64_norm(tensors: list[torch.Tensor]) -> float:
+    """The 2-norm in float64, where the squares of finite float32 values cannot overflow.
+    (A float64 norm takes real values: a complex tensor's norm is its magnitudes'.)"""
+    real = [t.abs() if t.is_complex() else t for t in tensors]
+    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(real, 2, dtype=torch.float64))).item())
 
 
 def all_finite_sum(tensors: list[torch.Tensor]) -> bool:
@@ -192,13 +215,6 @@ def all_finite_sum(tensors: list[torch.Tensor]) -> bool:
         if len({(s.device, s.dtype) for s in sums}) > 1:  # (model parallel, mixed precision)
             return all(math.isfinite(float(s.item())) for s in sums)
         return math.isfinite(float(torch.stack(sums).sum().item()))
-
-
-def _values(scalars: list[torch.Tensor]) -> list[float]:
-    """0-d tensors as numbers: stacked, one transfer, where they share a device."""
-    if len({t.device for t in scalars}) == 1:
-        return torch.stack([t.float() for t in scalars]).tolist()
-    return [float(t.item()) for t in scalars]
 
 
 def _parameters(optimizer):

@@ -36,7 +36,7 @@ from nandoctor.detect import hooks
 from nandoctor.detect.batches import BatchChecks, tensors_in
 from nandoctor.detect.compiled import code_of
 from nandoctor.detect.boundaries import BoundaryChecks
-from nandoctor.detect.device_flags import DeferredOps, DeviceFlags
+from nandoctor.detect.device_flags import DeferredOps, DeviceFlags, HostRead
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite, checkable
@@ -831,12 +831,23 @@ class Detector(Observer):
         self._stepping_optimizer = weakref.ref(optimizer) if type(optimizer).__weakrefoffset__ else None
         self.state.optimizer_created()
         self.regions.close_interrupted()
-        self.read_flags()  # ops since backward (gradient clipping, loss scaling), or all since the last step
+        with self.internal():
+            # Every number the step's checks need, in one transfer (one host sync on a GPU):
+            # the flags of the ops since backward (gradient clipping, loss scaling) or since
+            # the last step, the losses kept, the gradients' norm. Checked in that order.
+            transfer = HostRead(one_transfer=self.flags.enabled)
+            flags = self.deferred.take(transfer) if len(self.flags) else None
+            losses = self.boundaries.take_kept_losses(transfer)
+            gradients = self.boundaries.take_gradients(optimizer, transfer)
+            host = transfer.read()
+            verdict = flags(host) if flags is not None else None
+        if verdict is not None:
+            self.stop(*verdict)
         if not self.check_optimizer_ops:
             self._suspend()  # off the mode before our own checks too: no dispatch overhead
         with self.internal():
-            self.boundaries.kept_losses()
-            self.boundaries.before_step(optimizer)
+            losses(host)
+            gradients(host)
             if not _settings_finite(optimizer):
                 # A schedule computed in the script (`(1 - it / max_iter) ** power` past the
                 # end): the value made non-finite last is the setting's.

@@ -19,8 +19,9 @@ replay of the script that checks every op at once recovers the rest (see `replay
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from nandoctor.detect.ops import op_name
@@ -31,6 +32,53 @@ from nandoctor.detect.result import SiteFacts
 # Flags kept before a read is forced (a long inference loop never reaches a boundary):
 # two 0-d tensors per op, a few MB of device memory at most.
 PENDING_LIMIT = 8192
+
+
+def to_host(values: torch.Tensor) -> torch.Tensor:
+    """The one place a boundary's numbers cross to the host: a sync on an accelerator."""
+    return values.to("cpu")
+
+
+class HostRead:
+    """Numbers a boundary needs on the host (a step's flags, losses and gradient norm),
+    queued on their devices and read together: with `one_transfer` (flags on, as on a GPU)
+    one transfer, so one host sync, per device, queued as float64, which holds a float32
+    or float64 value exactly; without (the CPU, where a read is no sync) each value read on
+    its own, which takes fewer calls than joining them."""
+
+    def __init__(self, one_transfer: bool = True) -> None:
+        self.one_transfer = one_transfer
+        self._queued: list[torch.Tensor] = []
+
+    def add(self, values: torch.Tensor) -> int:
+        """Queue `values` (any shape); returns its place in what `read` gives."""
+        self._queued.append(values.detach().reshape(-1).to(torch.float64) if self.one_transfer else values)
+        return len(self._queued) - 1
+
+    def read(self) -> list:
+        """What was queued, on the host (each a sequence of numbers), in the order added."""
+        queued = self._queued
+        if not self.one_transfer:
+            return [[v.item()] if v.dim() == 0 else v.detach().reshape(-1).tolist() for v in queued]
+        devices = {values.device for values in queued}
+        if len(devices) > 1:  # (model parallel: one transfer per device)
+            host: list = [np.empty(0)] * len(queued)
+            for device in devices:
+                indices = [i for i, values in enumerate(queued) if values.device == device]
+                for i, values in zip(indices, _together([queued[i] for i in indices])):
+                    host[i] = values
+            return host
+        return _together(queued) if queued else []
+
+
+def _together(queued: list[torch.Tensor]) -> list[np.ndarray]:
+    """Tensors of one device on the host, in one transfer, split back as they were."""
+    together = to_host(torch.cat(queued) if len(queued) > 1 else queued[0]).numpy()
+    host, start = [], 0
+    for values in queued:
+        host.append(together[start:start + len(values)])
+        start += len(values)
+    return host
 
 
 class FlaggedOp(NamedTuple):
@@ -93,22 +141,31 @@ class DeviceFlags:
         return len(self._entries) >= PENDING_LIMIT
 
     def read(self) -> list[Flagged]:
-        """The non-finite flags since the last read, in op order: one host read per device
-        when all are finite (the usual case), two when some are not."""
+        """The non-finite flags since the last read, in op order: one host read per device."""
         if not self._entries:
             return []
-        entries, values, owners = self._entries, self._values, self._owners
-        self._entries, self._values, self._owners = [], {}, {}
-        flagged: list[tuple[int, bool]] = []
-        for device, tensors in values.items():
+        transfer = HostRead()
+        flagged = self.take(transfer)
+        return flagged(transfer.read())
+
+    def take(self, transfer: HostRead) -> Callable[[list[np.ndarray]], list[Flagged]]:
+        """Queue the flags since the last read on `transfer` (one code per op: 0 finite, 1
+        an Inf, 2 a NaN); the function returned gives the flagged ops, in op order, from
+        what the transfer read."""
+        entries, owners = self._entries, self._owners
+        queued = []
+        for device, tensors in self._values.items():
             pairs = torch.stack(tensors).view(-1, 2)  # one row per op: (min, max)
-            finite = torch.isfinite(pairs).all(dim=1)
-            if bool(finite.all()):
-                continue
-            rows = (~finite).nonzero().flatten()
-            rows_and_nan = torch.stack([rows, torch.isnan(pairs[rows]).any(dim=1).long()]).tolist()  # (one read)
-            flagged += [(owners[device][row], bool(nan)) for row, nan in zip(*rows_and_nan)]
-        return [Flagged(entries[index], nan) for index, nan in sorted(flagged)]
+            codes = (~torch.isfinite(pairs).all(dim=1)).to(torch.uint8) + torch.isnan(pairs).any(dim=1)
+            queued.append((transfer.add(codes), owners[device]))
+        self._entries, self._values, self._owners = [], {}, {}
+
+        def flagged(host: list[np.ndarray]) -> list[Flagged]:
+            found = [(owner[row], bool(host[place][row] == 2))
+                     for place, owner in queued for row in np.flatnonzero(host[place])]
+            return [Flagged(entries[index], nan) for index, nan in sorted(found)]
+
+        return flagged
 
 
 def _accelerator_present() -> bool:
@@ -166,8 +223,19 @@ class DeferredOps:
 
     def read(self):
         """(record, reason) of the first flagged op that stops the run, or None."""
+        return self.verdict(self.flags.read())
+
+    def take(self, transfer: HostRead):
+        """The flags queued on `transfer`; the function returned gives `read`'s answer from
+        what the transfer read."""
+        flagged = self.flags.take(transfer)
+        return lambda host: self.verdict(flagged(host))
+
+    def verdict(self, flags: list[Flagged]):
+        """(record, reason) of the first of these flagged ops that stops the run, or None;
+        the others are counted as made, and the first few kept as suspects."""
         self.were_read = True
-        for flag in self.flags.read():
+        for flag in flags:
             if flag.entry.phase == "backward":
                 self.recorder.last_backward_order = next_order()
                 continue

@@ -4,15 +4,18 @@ step boundaries. CI has no GPU, so these tests use `device_flags: always`, which
 same path for CPU tensors."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from helpers import ATAN2_NAN_AT_ORIGIN, ATAN2_REASON, detect, run_nandoctor
+from nandoctor.detect import device_flags
 from nandoctor.detect import mode as checking_mode
 # Imported before any test patches the mode's `_finite` (no_host_reads): the detector's
 # parts (regions, node checks) bind it at import, and must bind the real one.
 import nandoctor.detect.detector  # noqa: F401,E402
-from nandoctor.detect.device_flags import DeviceFlags, FlaggedOp
+from nandoctor.detect.device_flags import DeviceFlags, FlaggedOp, HostRead
 from nandoctor.config import load_config
 from nandoctor.errors import ConfigError
 
@@ -38,6 +41,40 @@ def block_training(optimizer, steps: int, around_the_step=(lambda: None, lambda:
             after()
 
     return train
+
+
+class TestHostRead:
+    @pytest.mark.parametrize("one_transfer", [True, False])
+    def test_values_come_back_exact_and_in_the_order_queued(self, one_transfer):
+        transfer = HostRead(one_transfer)
+        places = [transfer.add(torch.tensor(3.5, dtype=torch.float16)),
+                  transfer.add(torch.tensor([[1e-30, float("nan")], [float("-inf"), 2.0]])),
+                  transfer.add(torch.tensor(1e300, dtype=torch.float64)),  # past float32: kept whole
+                  transfer.add(torch.tensor([0, 2, 1], dtype=torch.uint8))]
+        host = transfer.read()
+        assert places == [0, 1, 2, 3]
+        assert list(host[0]) == [3.5] and list(host[2]) == [1e300] and list(host[3]) == [0, 2, 1]
+        assert host[1][0] == torch.tensor(1e-30).item() and math.isnan(host[1][1]) and list(host[1][2:]) == [-math.inf, 2.0]
+
+    def test_one_transfer_is_one_read_of_the_host(self, monkeypatch):
+        transfers = []
+        real_to_host = device_flags.to_host
+        monkeypatch.setattr(device_flags, "to_host", lambda t: (transfers.append(t.numel()), real_to_host(t))[1])
+        transfer = HostRead()
+        for value in (torch.tensor(1.0), torch.ones(3), torch.tensor(2.0, dtype=torch.float64)):
+            transfer.add(value)
+        transfer.read()
+        assert transfers == [5]
+
+    def test_the_flags_of_a_boundary_travel_with_its_other_numbers(self):
+        flags = DeviceFlags("always")
+        flags.add(torch.tensor([1.0, float("-inf")]), entry("mask"))
+        transfer = HostRead()
+        flagged = flags.take(transfer)
+        loss = transfer.add(torch.tensor(0.25))
+        host = transfer.read()
+        assert [(f.entry.func, f.has_nan) for f in flagged(host)] == [("mask", False)]
+        assert host[loss].tolist() == [0.25] and len(flags) == 0
 
 
 class TestFlags:
@@ -125,23 +162,48 @@ class TestDeferredDetection:
         assert not detected.stopped
         assert detected.detector.deferred.were_read
 
-    def test_a_training_step_reads_the_host_only_at_its_step(self, monkeypatch):
+    def test_a_training_step_reads_the_host_once_at_its_step(self, monkeypatch):
         """On a GPU every read is a sync: the flags, the loss and the gradients' norm are
-        read together before the update, the parameters' check after it is a flag too."""
+        read in one transfer before the update, the parameters' check after it is a flag too."""
         events: list[str] = []
         for name in ("item", "tolist", "__bool__"):
             real = getattr(torch.Tensor, name)
             monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _real=real, **k: (events.append("read"), _real(t, *a, **k))[1])
+        real_to_host = device_flags.to_host
+        monkeypatch.setattr(device_flags, "to_host", lambda t: (events.append("read"), real_to_host(t))[1])
         train = block_training(torch.optim.SGD, steps=3, around_the_step=(lambda: events.append("step"),
                                                                          lambda: events.append("stepped")))
         assert not detect(train, device_flags="always").stopped
         steps = "".join("r" if e == "read" else "[" if e == "step" else "]" for e in events)
         # After the first step (which reads at backward, before the optimizer is known, and
-        # checks the parameters once): reads only inside the step, before the update. The
-        # flags (twice: the causal mask's -inf is flagged, and read as a suspect), the
-        # loss and the gradients' norm.
+        # checks the parameters once): one read, inside the step, before the update. The
+        # causal mask's -inf is flagged and read as a suspect in that same transfer.
         later = steps.split("]")[1:-1]
-        assert later == ["[rrrr", "[rrrr"], steps
+        assert later == ["[r", "[r"], steps
+
+    def test_a_step_whose_loss_is_nan_reads_once_and_stops_before_the_update(self, monkeypatch):
+        transfers = []
+        real_to_host = device_flags.to_host
+        monkeypatch.setattr(device_flags, "to_host", lambda t: (transfers.append(t.numel()), real_to_host(t))[1])
+        w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def train():
+            for step in range(3):
+                opt.zero_grad()
+                if step == 2:
+                    transfers.clear()
+                loss = w.sum() * (float("nan") if step == 2 else 1.0)  # MARK-nan-loss
+                loss.backward()
+                opt.step()
+
+        result = detect(train, device_flags="always")
+        assert result.stopped and result.detection.reason.name in ("LOSS", "OP_MADE_NAN")
+        root = result.detection.root
+        assert (root.step, root.phase) == (2, "forward") and root.location.code.endswith("# MARK-nan-loss")
+        two_updates = torch.tensor([1.0, 2.0]).add_(torch.ones(2), alpha=-0.1).add_(torch.ones(2), alpha=-0.1)
+        assert torch.equal(w.detach(), two_updates)  # not the third
+        assert len(transfers) == 1, transfers  # the flags, the loss and the norm together
 
     def test_a_nan_made_inside_a_module_region_is_flagged_with_the_region_and_line(self, monkeypatch):
         no_host_reads(monkeypatch)
