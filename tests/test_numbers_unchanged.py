@@ -69,3 +69,51 @@ def test_parameters_are_bit_identical_to_plain_python(tmp_path, script, plain, m
     for name in plain:
         assert torch.equal(plain[name], wrapped[name]), name
         assert plain[name].numpy().tobytes() == wrapped[name].numpy().tobytes(), name
+
+
+# A dataset with its own random streams and a counter, whose labels hold NaN for "missing"
+# (masked out of the loss): each batch with a NaN is fetched again to look for the op that
+# made it, and that must not move the dataset's streams or its count.
+OWN_STREAMS = """\
+import numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Jittered(Dataset):
+    def __init__(self):
+        self.x = np.linspace(-1, 1, 64, dtype=np.float32)
+        self.y = (2 * self.x).copy()
+        self.y[::5] = np.nan
+        self.rng = np.random.default_rng(0)
+        self.gen = torch.Generator().manual_seed(0)
+        self.served = 0
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.served += 1
+        noise = float(self.rng.normal(0, 0.1)) + float(torch.rand(1, generator=self.gen)) * 0.1
+        return torch.tensor([self.x[i] + noise]), torch.tensor([self.y[i]])
+
+torch.manual_seed(0)
+data = Jittered()
+w = torch.nn.Linear(1, 1)
+opt = torch.optim.SGD(w.parameters(), lr=0.1)
+for x, y in DataLoader(data, batch_size=16):
+    keep = ~torch.isnan(y)
+    loss = ((w(x) - y)[keep] ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"{loss.item():.9f} {data.served}")
+"""
+
+
+@pytest.mark.parametrize("mode", ["trace", "watch"])
+def test_fetching_a_batch_again_leaves_the_datasets_own_streams_and_counters_alone(tmp_path, script, mode):
+    script("train.py", OWN_STREAMS)
+    plain = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    result = run_nandoctor(["run", "--mode", mode, "train.py"], tmp_path)
+    assert result.code == 0, result.stderr
+    assert result.stdout == plain.stdout

@@ -15,11 +15,17 @@ When the samples come back finite and a worker process made the batch, a random 
 drew differently here (a random crop that only sometimes lands on an all-black patch): the
 batch is fetched again as that worker fetched it, with its seeds, its `worker_init_fn` and
 the batches it fetched before, in order (`refetch_as_worker`), so the crop is the same one.
-The script's random state is put back after a refetch.
+The script's random state is put back after a refetch, and a refetch reads from a copy of
+the dataset whose own generators are copies (`undisturbed`), so that the script's dataset
+draws what it would have drawn: a run with a legitimate NaN in its batches trains on the
+same numbers as under plain python.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import random
+import sys
 from typing import Callable
 
 import torch
@@ -132,6 +138,45 @@ class BatchChecks:
         carried = [r for r in map(self.recorder.records.get, samples) if r is not None]
         made = [r for r in carried if not r.intended]
         return min(made or carried, key=lambda r: r.order, default=None)
+
+
+def undisturbed(dataset, depth: int = 0):
+    """A copy of `dataset` to fetch samples from again, leaving the script's own as it was:
+    shallow (the data is shared, not duplicated; a counter it bumps is the copy's), with
+    copies of the random generators it keeps (`self.rng = np.random.default_rng(0)`) and
+    such copies of the datasets it wraps (a Subset's, a ConcatDataset's). The dataset
+    itself where it cannot be copied."""
+    try:
+        twin = copy.copy(dataset)
+        attributes = vars(twin)
+    except Exception:  # noqa: BLE001 - (no __dict__, or a copy the class refuses)
+        return dataset
+    if twin is dataset:
+        return dataset
+    for name, value in list(attributes.items()):
+        if _a_generator(value):
+            attributes[name] = _generator_copy(value)
+        elif depth < 3 and isinstance(value, torch.utils.data.Dataset):
+            attributes[name] = undisturbed(value, depth + 1)
+        elif depth < 3 and isinstance(value, (list, tuple)) and value \
+                and all(isinstance(v, torch.utils.data.Dataset) for v in value):
+            attributes[name] = type(value)(undisturbed(v, depth + 1) for v in value)
+    return twin
+
+
+def _a_generator(value) -> bool:
+    if isinstance(value, (random.Random, torch.Generator)):
+        return True
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, (np.random.Generator, np.random.RandomState))
+
+
+def _generator_copy(generator):
+    if isinstance(generator, torch.Generator):
+        twin = torch.Generator(device=generator.device)
+        twin.set_state(generator.get_state())
+        return twin
+    return copy.deepcopy(generator)
 
 
 def _own_collate(collate) -> bool:

@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _get_current_dispatch_mode_stack
 
 from nandoctor.detect import hooks
-from nandoctor.detect.batches import BatchChecks, tensors_in
+from nandoctor.detect.batches import BatchChecks, tensors_in, undisturbed
 from nandoctor.detect.compiled import code_of
 from nandoctor.detect.boundaries import BoundaryChecks
 from nandoctor.detect.device_flags import DeferredOps, DeviceFlags, HostRead
@@ -971,8 +971,9 @@ class Detector(Observer):
         after (a random augmentation draws again here; a script that imputes the batch
         trains on with its own stream). Best effort: the batch is recorded anyway."""
         def fetch():
+            twin = undisturbed(dataset)
             self._check_ops_again()
-            samples = [dataset[index] for index in indices]
+            samples = [twin[index] for index in indices]
             if collate is not None:
                 collate(samples)
             return samples
@@ -988,8 +989,9 @@ class Detector(Observer):
         per_batch = stream.batch_size or 1
 
         def fetch():
-            with _as_worker(dataset, stream, worker):
-                samples = iter(dataset)
+            twin = undisturbed(dataset)
+            with _as_worker(twin, stream, worker):
+                samples = iter(twin)
                 for _ in range(number * per_batch):  # (at the script's own speed: no op checked)
                     next(samples)
                 self._check_ops_again()
@@ -1009,13 +1011,14 @@ class Detector(Observer):
         *earlier, this = batches
 
         def fetch():
-            with _as_worker(dataset, stream, worker):
+            twin = undisturbed(dataset)
+            with _as_worker(twin, stream, worker):
                 for indices in earlier:  # (at the script's own speed: no op checked)
-                    samples = _fetch_samples(dataset, indices)
+                    samples = _fetch_samples(twin, indices)
                     if collate is not None:
                         collate(samples)
                 self._check_ops_again()
-                samples = _fetch_samples(dataset, this)
+                samples = _fetch_samples(twin, this)
                 if collate is not None:
                     collate(samples)
                 return samples
