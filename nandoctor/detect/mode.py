@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nandoctor.detect.ops import (OpKind, base_name, cast_widens, is_inplace, op_kind, value_outputs,
+from nandoctor.detect.ops import (OpKind, base_name, cast_widens, op_kind, value_outputs, written_arguments,
                                   writes_nonfinite_scalar, writes_undefined)
 
 _current_node = torch._C._current_autograd_node
@@ -186,8 +186,8 @@ class CheckingMode(TorchDispatchMode):
             if out.is_floating_point() and out.numel():
                 d.defer(func, args, out, node, created)
             return True
-        if out is None and is_inplace(func) and args:  # _foreach_*_ ops return nothing
-            out = args[0]
+        if out is None and args:  # (`_foreach_*_` ops and fused optimizer steps return nothing)
+            out = written_arguments(func, args)
         if not isinstance(out, (tuple, list)):
             return False
         outputs = [t for t in value_outputs(func, out) if isinstance(t, torch.Tensor)]
@@ -210,8 +210,8 @@ class CheckingMode(TorchDispatchMode):
             elif d.records:
                 d.absorbed(func, args, node)  # (exp(-inf) = 0: a recorded Inf went in, none came out)
             return
-        if out is None and is_inplace(func) and args:  # _foreach_*_ ops return nothing
-            out = args[0]
+        if out is None and args:  # (`_foreach_*_` ops and fused optimizer steps return nothing)
+            out = written_arguments(func, args)
         if isinstance(out, (tuple, list)) and not _all_finite(out := value_outputs(func, out)):
             for item in out:  # each one: a convolution's grad_input, grad_weight and grad_bias
                 if isinstance(item, torch.Tensor) and not _finite(item):

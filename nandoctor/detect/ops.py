@@ -171,6 +171,29 @@ def is_inplace(func) -> bool:
     return name.endswith("_") and not name.startswith("_") or name.startswith("_foreach_") and name.endswith("_")
 
 
+def written_arguments(func, args) -> list | None:
+    """What an op that returns nothing wrote: the tensors of the arguments its schema marks
+    as written (`Tensor(a!)[] self`), in order; None when it wrote none. The `_foreach_*_`
+    ops write their first list; a fused optimizer step (`_fused_adamw_`, `_fused_sgd_`)
+    writes the parameters, then its state."""
+    places = _WRITTEN_PLACES.get(func)
+    if places is None:
+        schema = getattr(func, "_schema", None)
+        places = _WRITTEN_PLACES[func] = tuple(
+            i for i, argument in enumerate(schema.arguments if schema is not None else ())
+            if argument.alias_info is not None and argument.alias_info.is_write)
+    written = []
+    for i in places:
+        if i < len(args):
+            value = args[i]
+            written += [t for t in value if isinstance(t, torch.Tensor)] if isinstance(value, (list, tuple)) \
+                else [value] if isinstance(value, torch.Tensor) else []
+    return written or None
+
+
+_WRITTEN_PLACES: dict = {}
+
+
 def writes_nonfinite_scalar(func, args, kwargs, recorded=lambda t: None) -> bool:
     """True when a fill-like op was handed a non-finite Python number (e.g. -inf for a mask),
     or a 0-d tensor holding one. A 0-d tensor that a checked op made non-finite

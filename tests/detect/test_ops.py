@@ -154,3 +154,44 @@ def test_near_miss_a_nan_placeholder_the_script_fills_in_is_written_on_purpose()
         print(recall.tolist(), torch.nanmean(recall).item())
 
     assert not detect(per_class_recall).stopped
+
+
+def test_an_op_that_returns_nothing_is_checked_by_the_arguments_its_schema_writes():
+    from nandoctor.detect.ops import written_arguments
+
+    params, grads = [torch.zeros(2), torch.zeros(3)], [torch.ones(2), torch.ones(3)]
+    state = [[torch.zeros(2), torch.zeros(3)] for _ in range(3)] + [[torch.zeros(()), torch.zeros(())]]
+    fused = torch.ops.aten._fused_adamw_.default
+    written = written_arguments(fused, (params, grads, *state))
+    assert [w is p for w, p in zip(written, params)] == [True, True]  # the parameters first
+    assert all(any(w is s for w in written) for s in state[0])  # then the state it updates
+    assert not any(w is s for w in written for s in state[3])  # not the step counts it only reads
+    assert written_arguments(torch.ops.aten._foreach_add_.Scalar, (params, 1.0)) == params
+    assert written_arguments(torch.ops.aten.add.Tensor, (params[0], params[0])) is None
+
+
+def _fused_adamw_training(eps: float):
+    """AdamW's fused kernel, as Hugging Face's Trainer picks by default: with eps=0 the
+    embedding rows that never get a gradient divide 0 by sqrt(0)."""
+    def train():
+        torch.manual_seed(0)
+        emb, head = torch.nn.Embedding(20, 4), torch.nn.Linear(4, 1)
+        opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()], lr=1e-3, eps=eps, fused=True)
+        for _ in range(2):
+            loss = head(emb(torch.randint(0, 5, (8,)))).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    return train
+
+
+def test_a_fused_optimizer_step_checked_op_by_op_names_its_kernel():
+    found = detect(_fused_adamw_training(eps=0.0), check_optimizer_ops=True)
+    assert found.stopped
+    root = found.detection.root
+    assert (root.op, root.phase) == ("aten._fused_adamw_.default", "optimizer")
+
+
+def test_near_miss_a_fused_optimizer_step_with_a_valid_eps_runs_clean_op_by_op():
+    assert not detect(_fused_adamw_training(eps=1e-8), check_optimizer_ops=True).stopped
