@@ -642,6 +642,22 @@ class TestExpAndOverflow:
         assert growth([146.6, 497.9, 51.9, 825.2, 679.0, 354.2, 2.5e4, 8.0e3]) is None  # (no runaway)
         assert growth([1.0, 3.0, 0.5, 2.0, 1.0, 0.8, 5.0, 40.0]) is None  # (rising at the end, 40x only)
 
+    def test_a_steady_divergence_slower_than_the_window_sees_is_an_explosion(self):
+        from nandoctor.diagnose.rules.fallback import growth
+
+        # SGD a little past 2/L: the loss times 1.8 a step, 61x over any eight values.
+        assert growth([12.0 * 1.8 ** step for step in range(64)]) is not None
+        # A high constant SWA rate: a millionfold in three steps, then hovering near the top.
+        hovering = [1.89, 2.2e4, 1.1e12, 1.9e35, 5e33, 4.5e36, 8e34, 2e36, 6e35, 3e36, 1e36, 4e36]
+        assert growth(hovering) is not None
+
+    def test_near_miss_a_long_history_that_only_jumps_at_its_end_or_wanders_is_no_explosion(self):
+        from nandoctor.diagnose.rules.fallback import growth
+
+        assert growth([5.0, 4.0, 6.0, 3.0, 5.0, 7.0, 2.0, 6.0] * 8) is None  # (noise about a level)
+        # A bad batch's loss a millionfold above a level run: one step up, the rest level.
+        assert growth([5.0, 4.0, 6.0, 3.0, 5.0, 7.0, 2.0, 6.0] * 8 + [1.0, 6e6]) is None
+
     def test_near_miss_two_losses_a_thousandfold_apart_are_no_explosion(self):
         from nandoctor.diagnose.rules.fallback import growth
 

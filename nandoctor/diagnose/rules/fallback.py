@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 from nandoctor.diagnose import words
 from nandoctor.diagnose.evidence import FLOAT_MAX, OVERWRITTEN_SUFFIX, Evidence, count_of, fmt
@@ -85,7 +86,40 @@ def growth(values: list) -> tuple[float, list[float]] | None:
     # rising over its last two steps.
     if factor >= SINGLE_STEP_EXPLOSION and len(ratios) >= 2 and all(r > 1.5 for r in ratios[-2:]):
         return factor, window
-    return None
+    return _sustained_rise(finite)
+
+
+def _sustained_rise(finite: list[float]) -> tuple[float, list[float]] | None:
+    """A divergence slower than the window sees, over the whole history kept: a learning
+    rate just past stable multiplies the loss by 1.8 a step (1.8^7 is 61x in eight values,
+    1e15x in sixty), and one that blows up and then hovers near the overflow (SWA's high
+    constant rate) rose a millionfold before it levelled off. The peak a millionfold above
+    where the history started (the median of its first quarter), the last value still
+    within a thousandfold of it, and the climb from the last value at the start's level to
+    the peak at least three steps long and up on two steps in three. A level run with one
+    bad batch's jump at its end climbed in one step."""
+    if len(finite) < 4:
+        return None
+    start = statistics.median(finite[:max(1, len(finite) // 4)])
+    peak_at = max(range(len(finite)), key=finite.__getitem__)
+    peak = finite[peak_at]
+    if start <= 0 or peak / start < SINGLE_STEP_EXPLOSION or finite[-1] * 1e3 < peak:
+        return None
+    climb_from = max((i for i in range(peak_at) if finite[i] <= start), default=0)
+    climb = finite[climb_from:peak_at + 1]
+    if len(climb) < 4:
+        return None
+    ratios = [b / a for a, b in zip(climb, climb[1:]) if a > 0]
+    if sum(r > 1 for r in ratios) * 3 < len(ratios) * 2:
+        return None
+    return finite[-1] / start, finite
+
+
+def _shown(values: list[float], most: int = 8) -> str:
+    """A series as `a → b → c`, at most `most` values of it, evenly spaced, the last one last."""
+    if len(values) > most:
+        values = [values[round(i * (len(values) - 1) / (most - 1))] for i in range(most)]
+    return " → ".join(fmt(v) for v in values)
 
 
 @fallback_rule
@@ -96,9 +130,9 @@ def exploding_gradient(ev: Evidence) -> Cause | None:
         return _blown_up_by_an_update(ev)
     series = []
     if loss:
-        series.append(f"the loss grew {fmt(loss[0])}x over the last {len(loss[1])} steps ({' → '.join(fmt(v) for v in loss[1])})")
+        series.append(f"the loss grew {fmt(loss[0])}x over the last {len(loss[1])} steps ({_shown(loss[1])})")
     if grad:
-        series.append(f"the gradient norm grew {fmt(grad[0])}x ({' → '.join(fmt(v) for v in grad[1])})")
+        series.append(f"the gradient norm grew {fmt(grad[0])}x ({_shown(grad[1])})")
     return Cause(
         "exploding_gradient",
         "exploding gradients: the values grew geometrically until they overflowed",
