@@ -98,7 +98,9 @@ class SourceLocator:
     def preparing_data(self) -> bool:
         """Is the op preparing data: inside a `Dataset`'s `__init__` (normalising the data it
         will serve), or inside a generator function of the user's, between two of its yields
-        (a sample or batch stream written by hand: `def batches(): ... yield x, y`)? On the
+        (a sample or batch stream written by hand: `def batches(): ... yield x, y`)? Not a
+        generator whose loop around the op trains (`def fit(): for ...: loss.backward();
+        opt.step(); yield logs`): that is a training loop that reports as it goes. On the
         rare path only: one walk up the stack."""
         frame = sys._getframe(1)
         while frame is not None:
@@ -106,7 +108,7 @@ class SourceLocator:
             if code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), torch.utils.data.Dataset):
                 return True
             if code.co_flags & inspect.CO_GENERATOR and self._user_code(code):
-                return True
+                return not _in_a_training_loop(linecache.getlines(code.co_filename), frame.f_lineno)
             frame = frame.f_back
         return False
 

@@ -1107,6 +1107,28 @@ class TestPhasesAndSteps:
         assert d.root.op == "aten.log.default" and "MARK-loss" in d.root.location.code
         assert d.root.phase == "forward"
 
+    def test_a_training_loop_written_as_a_generator_runs_its_no_grad_targets_in_forward(self):
+        # `def fit(): ... loss.backward(); opt.step(); yield logs`: a loop that trains and
+        # reports as it goes, not a batch stream; its targets built without a graph are the
+        # step's (here y / 0 at the third step).
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 4), torch.randn(8, 3)
+
+        def fit():
+            for step in range(4):
+                with torch.no_grad():
+                    target = y / (2 - step)  # MARK-target
+                loss = ((model(x) - target) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                yield step
+
+        d = detect(lambda: list(fit())).detection
+        assert d.root.op == "aten.div.Tensor" and "MARK-target" in d.root.location.code
+        assert (d.root.phase, d.root.step) == ("forward", 2)
+
     @staticmethod
     def loader_with_a_nan_at_index_4():
         data = torch.ones(6, 2)
