@@ -87,6 +87,26 @@ def mean_facts(x, dim=None, *rest, **kwargs) -> dict[str, Any]:
     return {"reduced_count": _count_over(x, dim)}
 
 
+# Losses that reduce by a mean unless told otherwise (torch's reduction enum: 0 none,
+# 1 mean, 2 sum), by where their `reduction` argument sits. A mean over an empty selection
+# (`F.mse_loss(pred[keep], y[keep])` with nothing kept) is 0/0, as `mean` is.
+_REDUCTION_AT = {"mse_loss": 2, "smooth_l1_loss": 2, "huber_loss": 2, "soft_margin_loss": 2, "l1_loss": 2,
+                 "binary_cross_entropy": 3, "binary_cross_entropy_with_logits": 4}
+
+
+def _mean_loss_facts(reduction_at: int):
+    def facts(x, *args, **kwargs) -> dict[str, Any]:
+        """How many values the loss averages over (under `reduction='mean'`)."""
+        reduction = kwargs.get("reduction", args[reduction_at - 1] if len(args) >= reduction_at else 1)
+        return {"reduced_count": x.numel()} if reduction == 1 else {}
+
+    return facts
+
+
+for _loss, _at in _REDUCTION_AT.items():
+    collects(_loss)(_mean_loss_facts(_at))
+
+
 def _count_over(x, dim) -> int:
     """How many values a reduction of `x` over `dim` (None: all of them) takes for each output."""
     if dim is None:

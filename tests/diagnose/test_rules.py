@@ -850,6 +850,19 @@ class TestContext:
         cause = cause_of(lambda: mean(ce, labels).backward())
         assert cause.id == "div_by_zero" and "empty selection" in cause.title and "mask.any()" in cause.fix
 
+    @pytest.mark.parametrize("loss", [F.mse_loss, F.smooth_l1_loss, F.huber_loss, F.binary_cross_entropy_with_logits,
+                                      lambda p, y: F.binary_cross_entropy(torch.sigmoid(p), y)])
+    def test_a_loss_averaging_over_an_empty_selection_is_zero_over_zero(self, loss):
+        pred, target = torch.randn(6, requires_grad=True), torch.rand(6)
+        keep = target > 2.0  # nothing kept
+        cause = cause_of(lambda: loss(pred[keep], target[keep]).backward())
+        assert cause.id == "div_by_zero" and "empty selection" in cause.title and "reduction='mean'" in cause.explanation
+
+    def test_near_miss_a_summed_loss_over_an_empty_selection_is_clean(self):
+        pred, target = torch.randn(6, requires_grad=True), torch.rand(6)
+        keep = target > 2.0
+        assert stays_clean(lambda: F.mse_loss(pred[keep], target[keep], reduction="sum").backward())
+
     def test_near_miss_a_mean_over_a_selection_that_picked_something_is_clean(self):
         ce = torch.rand(6, requires_grad=True)
         assert stays_clean(lambda: ce[torch.tensor([0, 1, 2, 3, 4, 1]) == 4].mean().backward())

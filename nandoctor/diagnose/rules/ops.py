@@ -234,15 +234,18 @@ def mean_over_no_targets(ev: Evidence) -> Cause | None:
     )
 
 
-@op_rule("mean")
+@op_rule("mean", "mse_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss", "l1_loss",
+         "binary_cross_entropy", "binary_cross_entropy_with_logits")
 def mean_of_nothing(ev: Evidence) -> Cause | None:
-    """A mean over no values is 0/0: a boolean selection that picked nothing."""
+    """A mean over no values is 0/0: a boolean selection that picked nothing, whether the
+    script takes the mean or a loss does (`reduction='mean'`)."""
     if ev.facts.reduced_count != 0:
         return None
+    averaging = "`mean`" if ev.op == "mean" else f"`{ev.op}` (reduction='mean')"
     return Cause(
         "div_by_zero",
         "mean over zero values: an empty selection",
-        f"At {ev.where} ({ev.code}) `mean` averages over 0 values, which is 0/0 = NaN. Typical of a boolean "
+        f"At {ev.where} ({ev.code}) {averaging} averages over 0 values, which is 0/0 = NaN. Typical of a boolean "
         "selection that picked nothing: `x[labels == c].mean()` for a class absent from the batch, a mask with "
         "no True entry, an empty batch.",
         "Skip empty selections (`if mask.any():`), or sum and divide by the count kept at least 1: "
