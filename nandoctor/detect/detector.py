@@ -72,17 +72,18 @@ _UNSEEN_OP_REASONS = (StopReason.LOSS, StopReason.GRADIENT_AFTER_BACKWARD, StopR
 _SETTINGS = ("lr", "momentum", "weight_decay", "eps", "alpha", "betas", "dampening")
 
 
-def _settings_finite(optimizer) -> bool:
-    """Are the param groups' settings finite? Numbers, and tensors on the CPU (a setting on
-    an accelerator would be a host sync every step: its NaN update is found after it)."""
+def _nonfinite_setting(optimizer) -> str | None:
+    """The name of a param group's setting that is not finite, or None. Numbers, and tensors
+    on the CPU (a setting on an accelerator would be a host sync every step: its NaN update
+    is found after it)."""
     for group in optimizer.param_groups:
         for name in _SETTINGS:
             value = group.get(name)
             for v in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(v, float) and not math.isfinite(v) or isinstance(v, torch.Tensor) \
                         and v.is_cpu and v.is_floating_point() and not bool(torch.isfinite(v).all()):
-                    return False
-    return True
+                    return name
+    return None
 
 
 def _a_metric(t: torch.Tensor, record: Record) -> bool:
@@ -848,12 +849,25 @@ class Detector(Observer):
         with self.internal():
             losses(host)
             gradients(host)
-            if not _settings_finite(optimizer):
-                # A schedule computed in the script (`(1 - it / max_iter) ** power` past the
-                # end): the value made non-finite last is the setting's.
-                self.stop(self.recorder.latest_birth() or self.recorder.bare(
-                    "", torch.tensor(float("nan")), "optimizer"), StopReason.OPTIMIZER_SETTING)
+            setting = _nonfinite_setting(optimizer)
+            if setting is not None:
+                self.stop(self._made_the_setting(setting), StopReason.OPTIMIZER_SETTING)
         self.state.in_optimizer = True
+
+    def _made_the_setting(self, setting: str) -> Record:
+        """The record of what made an optimizer's `setting` non-finite: a schedule computed
+        in the script (`(1 - it / max_iter) ** power` past the end). The value an op made
+        non-finite last, in torch; else the line numpy warned at in this step
+        (`np.power(1 - it / max_iter, 0.9)`); else the step's own line."""
+        record = self.recorder.latest_birth()
+        if record is None:
+            record = self.recorder.bare("", torch.tensor(float("nan")), "optimizer")
+            numpy_warnings = self.recorder.numpy_warnings
+            warned = numpy_warnings and (numpy_warnings.made(True, record.step) or numpy_warnings.made(False, record.step))
+            if warned:
+                record.where, record.facts.made_by_numpy = warned.where, warned.message
+        record.facts.optimizer_setting = setting
+        return record
 
     def clearing_gradients(self, optimizer, clear):
         """zero_grad runs with the mode off: it only sets gradients to None or zeros, and

@@ -137,6 +137,7 @@ class SiteFacts:
     parameter_before_step: bool = False  # seen non-finite before the optimizer's first update of it
     written_by_optimizer: bool = False  # changed by optimizer.step(), outside the checked ops
     optimizer: str | None = None  # the optimizer's class
+    optimizer_setting: str | None = None  # the param-group setting that was non-finite ("lr", "betas")
     untracked_input: bool = False  # an input was non-finite and no op nandoctor saw made it
     received_from_peers: bool = False  # a collective (all_reduce, all_gather) brought it from the other ranks
     unwatched_thread: str | None = None  # first seen on this thread, whose ops the per-op watch does not see
@@ -191,7 +192,7 @@ class SiteFacts:
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",
                     "op_facts_error", "loss", "grad_norm", "compiled", "ignore_index", "counted_targets",
-                    "reduced_count", "correction", "unwatched_thread", "made_by_numpy"):
+                    "reduced_count", "correction", "unwatched_thread", "made_by_numpy", "optimizer_setting"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.keyless_queries is not None:

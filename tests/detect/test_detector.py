@@ -468,6 +468,34 @@ class TestMetricsTheScriptPrints:
     def test_near_miss_a_schedule_clamped_at_its_end_is_clean(self):
         assert not self._poly_schedule(clamped=True).stopped
 
+    @staticmethod
+    def _numpy_poly_schedule(clamped: bool):
+        import numpy as np
+
+        w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def run():
+            for it in range(5):
+                progress = max(0.0, 1 - it / 3) if clamped else 1 - it / 3
+                lr = 0.1 * np.power(progress, 0.9)  # MARK-numpy-poly
+                opt.param_groups[0]["lr"] = lr
+                opt.zero_grad()
+                (w * w).sum().backward()
+                opt.step()
+
+        return detect(run)
+
+    def test_a_schedule_numpy_made_nan_is_found_at_the_line_numpy_warned_at(self):
+        result = self._numpy_poly_schedule(clamped=False)
+        assert result.stopped and result.detection.reason is StopReason.OPTIMIZER_SETTING
+        root = result.detection.root
+        assert root.location.line == line_of("MARK-numpy-poly") and root.step == 4
+        assert root.facts.optimizer_setting == "lr" and "invalid value" in root.facts.made_by_numpy
+
+    def test_near_miss_a_numpy_schedule_clamped_at_its_end_is_clean(self):
+        assert not self._numpy_poly_schedule(clamped=True).stopped
+
     def test_a_metrics_state_that_nothing_trains_may_hold_the_inf_of_a_metric(self):
         # Keras keeps a metric's running total in a variable nothing trains.
         total = torch.nn.Parameter(torch.zeros(()), requires_grad=False)

@@ -1435,3 +1435,18 @@ def test_near_miss_a_log_whose_masked_inf_leaked_is_the_gradient_leak():
     cause = cause_of_root(_dropped_then_leaked("aten.log.default", [zeros]))
     assert cause.id == "masked_inf_gradient_leak"
 
+
+
+def test_a_non_finite_learning_rate_is_named_as_the_setting_with_the_schedule_fix():
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def run():
+        for it in range(3):
+            opt.param_groups[0]["lr"] = float(torch.tensor(1 - it / 1).pow(0.5))  # NaN from it = 2
+            (w * w).sum().backward()
+            opt.step()
+
+    cause = cause_of(run)
+    assert cause.id == "optimizer_invalid" and "`lr` is non-finite" in cause.title
+    assert "max_iter" in cause.fix and "eps=0" not in cause.explanation

@@ -95,6 +95,8 @@ def amp_scale_collapse(ev: Evidence) -> Cause | None:
 
 @context_rule
 def optimizer_invalid(ev: Evidence) -> Cause | None:
+    if ev.facts.optimizer_setting is not None:
+        return _nonfinite_setting(ev)
     if ev.root.phase != "optimizer" and not ev.facts.written_by_optimizer:
         return None
     op_rule = rule_for(ev)
@@ -116,6 +118,23 @@ def optimizer_invalid(ev: Evidence) -> Cause | None:
          "trained in pure float16 needs eps >= 1e-4." if ev.dtype == "float16" else
          "Check the optimizer's hyper-parameters: eps > 0 (1e-8; 1e-6 or more under float16), a finite, positive lr, "
          "betas < 1, weight_decay >= 0."),
+    )
+
+
+def _nonfinite_setting(ev: Evidence) -> Cause:
+    """A param group's setting (its learning rate, mostly) was non-finite at the step: every
+    update with it is non-finite, whatever the gradients."""
+    setting = ev.facts.optimizer_setting
+    made = (f"numpy made it at {ev.where} ({ev.code}): \"{ev.facts.made_by_numpy}\". " if ev.facts.made_by_numpy
+            else f"It was made at {ev.where} ({ev.code}). " if ev.root.op else "")
+    return Cause(
+        "optimizer_invalid",
+        f"the optimizer's `{setting}` is non-finite",
+        f"A param group's `{setting}` was NaN or Inf when `optimizer.step()` ran, so every update with it is "
+        f"non-finite, whatever the gradients. {made}Typical of a schedule computed by hand past its end: "
+        "`(1 - it / max_iter) ** 0.9` of a negative base once `it > max_iter`, a warmup that divides by 0 steps.",
+        "Keep the schedule in range: clamp its progress (`max(0.0, 1 - it / max_iter)`), size it from the real "
+        "number of steps (epochs x batches), or use `torch.optim.lr_scheduler` (PolynomialLR, LambdaLR).",
     )
 
 
