@@ -394,7 +394,8 @@ class Detector(Observer):
             record = self.recorder.op(func, args, kwargs, out, node, created_seq, intended, before)
         self.records.put(out, record)
         written = record.facts.parameter if record.facts.writes_parameter else None
-        writes_parameter = written is not None and (written.trained or not _born_as_a_metric(record))
+        writes_parameter = written is not None and (written.trained or not _born_as_a_metric(record)) \
+            and not self._a_constant_put_back(record, args)
         has_inf = bool(record.output.posinf or record.output.neginf)
         reason = op_verdict(record.phase, record.has_nan, has_inf, out.dtype, accepted=record.intended,
                             writes_parameter=writes_parameter)
@@ -541,17 +542,41 @@ class Detector(Observer):
             record = self.recorder.entered(op, t, self.recorder.entering_phase())
         self.records.put(t, record)
 
+    def _a_constant_put_back(self, record: Record, args) -> bool:
+        """Is `record` a buffer copied back (load_state_dict) with what a model was built with
+        before training and has trained with since (a log-prior of -inf for a class never
+        seen), as `state_exported` lets such a value out?"""
+        written = record.facts.parameter
+        if not (written is not None and written.buffer and record.op.startswith("aten.copy_") and self.state.step > 0
+                and len(args) > 1 and isinstance(args[1], torch.Tensor)):
+            return False
+        source = self.records.get(args[1])
+        if source is not None:
+            return birth_of(source).phase == "init"
+        # A copy made outside torch's view (copy.deepcopy of the state) put back into the
+        # buffer that held the same: its own constant, the same infinities again.
+        out = record.output
+        return bool(record.parents) and all(
+            birth_of(p).phase == "init" and p.output is not None
+            and (p.output.nan, p.output.posinf, p.output.neginf) == (out.nan, out.posinf, out.neginf)
+            for p in record.parents)
+
     def state_exported(self, module, state) -> None:
         """A value made non-finite by accident that ended up in a model's state (written
         through a detached alias, as `AveragedModel` and EMA helpers write their average)
-        matters once the script takes it out: an EMA's weights saved to deploy. Only tensors
-        with a record are looked at, so this costs nothing while no value went bad."""
+        matters once the script takes it out: an EMA's weights saved to deploy. Not a value
+        the model was built with and has trained with since (a log-prior of -inf for a class
+        never seen, ±inf bin edges): steps that used it kept their loss and gradients finite,
+        so it is a constant of the model, exported as it was made. Only tensors with a record
+        are looked at, so this costs nothing while no value went bad."""
         if self.passive or not self.records:
             return
         with self.internal():
             for name, t in state.items():
                 record = self.records.get(t) if isinstance(t, torch.Tensor) else None
-                if record is not None and not record.intended and not all_finite(t):
+                if record is None or record.intended or (record.phase == "init" and self.state.step > 0):
+                    continue
+                if not all_finite(t):
                     self.stop(self.recorder.exported(t, name, record), StopReason.STATE_EXPORTED)
 
     def saving(self, obj) -> None:

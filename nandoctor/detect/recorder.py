@@ -68,10 +68,14 @@ class Recorder:
         overwritten = _overwritten_name(func, tensors, out)
         parents, facts = self._parents(tensors, overwritten, before)
         if parents and all(p.intended for p in parents) and base_name(func) == "copy_" \
-                and not _a_mask_being_built(args[0]):
+                and not _a_mask_being_built(args[0]) and args[0]._base is not None:
             # An infinity written into data (`X[7, 3] = float("inf")` in a table of values):
-            # data that holds an Inf from outside torch, not a sentinel passed on.
+            # data that holds an Inf from outside torch, not a sentinel passed on. (Copied
+            # whole into a tensor of its own, as load_state_dict copies a buffer of bin
+            # edges, it is the sentinel still.)
             parents, facts.untracked_input = [], True
+        elif parents and all(p.intended for p in parents) and base_name(func) == "copy_":
+            intended = True  # (a copy of a sentinel is the sentinel)
         if intended and any(not p.intended for p in parents) and _accidents_survive_the_fill(args, kwargs, out):
             intended = False  # the -inf went on purpose into values made by accident, which it left in place
         facts.written_on_purpose = intended
@@ -318,12 +322,13 @@ class Recorder:
         finite values around it: a NaN typed or parsed among them is a missing measurement.)"""
         record = self.bare(op, t, phase)
         record.facts.entered = True
-        if not record.intended and _types_a_nonfinite_value(record.where) and \
-                (record.output.nan == 0 or _nothing_finite(record.output)):
+        if not record.intended and (_types_a_nonfinite_value(record.where) and
+                                    (record.output.nan == 0 or _nothing_finite(record.output)) or _open_bounds(t)):
             # Bounds and constraints typed at the line that builds the tensor (`lower =
             # torch.tensor([0.0, -inf])`, `torch.tensor([1.0, math.inf])`), a NaN for "no
             # value yet" (`ema = torch.tensor(float("nan"))`): written on purpose. (A NaN
-            # typed among finite values is a missing measurement: data.)
+            # typed among finite values is a missing measurement: data.) So are sorted bin
+            # edges open at their ends, wherever they were typed (`EDGES = [-inf, 13, 20, inf]`).
             record.intended = record.facts.written_on_purpose = True
             record.facts.untracked_input = False
         if record.intended:
@@ -619,6 +624,17 @@ def _calls_a_step(where) -> bool:
         return False
     code, line = where
     return _A_STEP_CALL.search(linecache.getline(code.co_filename, line).split("#", 1)[0]) is not None
+
+
+def _open_bounds(t: torch.Tensor) -> bool:
+    """A sorted vector whose only non-finite values are -inf first and +inf last: the edges
+    of bins open at their ends (`torch.bucketize`'s boundaries, an ordinal model's cut points)."""
+    if t.dim() != 1 or t.numel() < 3 or not t.is_floating_point():
+        return False
+    inner = t[1:-1]
+    return bool(torch.isfinite(inner).all() and (t[0] == float("-inf") or t[-1] == float("inf"))
+                and (t[0] == float("-inf") or torch.isfinite(t[0])) and (t[-1] == float("inf") or torch.isfinite(t[-1]))
+                and (t[1:] >= t[:-1]).all())
 
 
 def _nothing_finite(summary: TensorSummary) -> bool:

@@ -820,6 +820,86 @@ class TestWeightsTakenOut:
 
         assert not detect(export).stopped
 
+    EDGES = [float("-inf"), 13.0, 20.0, 30.0, float("inf")]  # typed away from the line that builds the tensor
+
+    @classmethod
+    def _checkpointed(cls, buffer_of):
+        """A model built with a buffer (`buffer_of()`, at init), trained two steps, its state
+        saved and loaded back into a new one, as a best-checkpoint loop does."""
+        import io
+
+        class Head(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(2, 3)
+                self.register_buffer("table", buffer_of())
+
+            def forward(self, x):
+                return self.linear(x) + self.table[:3].clamp(min=-1e4, max=1e4)
+
+        def run():
+            model = Head()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(2):
+                loss = model(torch.randn(4, 2)).logsumexp(1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            saved = io.BytesIO()
+            torch.save(model.state_dict(), saved)
+            saved.seek(0)
+            Head().load_state_dict(torch.load(saved))
+
+        return detect(run)
+
+    def test_bin_edges_open_at_their_ends_are_a_constant_saved_and_loaded_back(self):
+        assert not self._checkpointed(lambda: torch.tensor(self.EDGES)).stopped
+
+    def test_a_log_prior_built_at_init_and_trained_with_is_a_constant_saved_and_loaded_back(self):
+        # log of a class prior with classes never seen: -inf, which the model trained with.
+        assert not self._checkpointed(lambda: torch.log(torch.tensor([0.5, 0.5, 0.0, 0.0, 0.0]))).stopped
+
+    @staticmethod
+    def _best_state_put_back(corrupt: bool):
+        """A log-prior buffer with -inf for classes never seen; the best state kept with
+        copy.deepcopy and loaded back into the same model (or, `corrupt`, with a NaN in it)."""
+        import copy
+
+        class Adjusted(torch.nn.Linear):
+            def __init__(self):
+                super().__init__(2, 3)
+                self.register_buffer("log_prior", torch.log(torch.tensor([0.5, 0.5, 0.0])))
+
+        def run():
+            model = Adjusted()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(2):
+                loss = (model(torch.randn(4, 2)) + model.log_prior).logsumexp(1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            best = copy.deepcopy(model.state_dict())
+            if corrupt:
+                best["log_prior"][0] = float("nan")
+            model.load_state_dict(best)
+
+        return detect(run)
+
+    def test_a_best_state_deep_copied_and_put_back_keeps_its_constant(self):
+        assert not self._best_state_put_back(corrupt=False).stopped
+
+    def test_near_miss_a_best_state_put_back_with_a_new_nan_in_a_buffer_stops(self):
+        result = self._best_state_put_back(corrupt=True)
+        assert result.stopped and result.detection.event.facts.parameter.name == "log_prior"
+
+    def test_near_miss_a_row_of_data_with_an_infinity_in_its_middle_is_data_not_bounds(self):
+        from nandoctor.detect.recorder import _open_bounds
+
+        assert _open_bounds(torch.tensor(self.EDGES)) and _open_bounds(torch.tensor([0.0, 1.0, float("inf")]))
+        assert not _open_bounds(torch.tensor([1.0, float("inf"), 3.0, 4.0]))  # (a reading that overflowed)
+        assert not _open_bounds(torch.tensor([float("inf"), 1.0, 2.0]))  # (+inf first: not sorted)
+        assert not _open_bounds(torch.tensor([float("-inf"), float("nan"), 2.0]))
+
 
 class TestUserCodeInsideBackward:
     """Code the user wrote that autograd runs (a custom Function's backward, hooks) is
