@@ -86,6 +86,22 @@ def _nonfinite_setting(optimizer) -> str | None:
     return None
 
 
+# Ops that hand data on as it came: a cast (`torch.tensor(array, dtype=torch.float32)`
+# casts after it lifts), a copy, a detach.
+_AS_IT_CAME = {"_to_copy", "to", "clone", "copy_", "detach", "contiguous", "lift_fresh_copy"}
+
+
+def _data_as_it_came(record: Record) -> bool:
+    """Is `record` a value that entered torch non-finite from outside (data with NaN
+    markers), handed on by casts and copies only, nothing computed from it?"""
+    while not record.facts.entered:
+        parts = record.op.split(".")
+        if len(parts) < 2 or parts[1] not in _AS_IT_CAME or len(record.parents) != 1:
+            return False
+        record = record.parents[0]
+    return True
+
+
 def _a_metric(t: torch.Tensor, record: Record) -> bool:
     """Is `t`, read back, a value that trains nothing (see `_born_as_a_metric`)? The loss
     requires grad: read, it still stops the run."""
@@ -420,9 +436,13 @@ class Detector(Observer):
             if finite:
                 return
             record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
-        if not record.intended and not record.tested and not self.locator.tests_finiteness(self.locator.user_frame()) \
+        # (A -inf mask or an allowed line's value may be printed; so may data that came in
+        # with its NaN markers, `print(y[:5])` of a table with missing targets: looking at the
+        # data is no use of it, and what training does with it is checked where it trains.)
+        if not record.intended and not record.tested and not _data_as_it_came(record) \
+                and not self.locator.tests_finiteness(self.locator.user_frame()) \
                 and not self.amp.from_scaled_gradients(record) and not _a_metric(t, record):
-            self.stop(record, StopReason.READ_BACK)  # (a -inf mask or an allowed line's value may be printed)
+            self.stop(record, StopReason.READ_BACK)
 
     def metric_followed(self, metric) -> None:
         """A non-finite metric training follows changes training: a NaN never improves, so

@@ -5,6 +5,7 @@ import io
 import math
 
 import pytest
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -1570,8 +1571,20 @@ class TestSentinels:
         assert not detect(box).stopped
 
     def test_near_miss_a_nan_typed_among_them_is_never_on_purpose(self):
-        result = detect(lambda: read_back(torch.tensor([0.0, float("inf"), float("nan")])))
+        result = detect(lambda: read_back(torch.tensor([0.0, float("inf"), float("nan")]) * 2))
         assert result.stopped and not result.detection.root.facts.written_on_purpose
+
+    @pytest.mark.parametrize("dtype", [None, torch.float32])
+    def test_data_with_nan_markers_printed_as_it_came_is_looked_at_not_used(self, dtype):
+        # A notebook's `print(y[:5])` of targets with missing values: what training does
+        # with them is checked where it trains.
+        prices = np.array([1.5, np.nan, 2.5, 3.0])
+        assert not detect(lambda: read_back(torch.tensor(prices, dtype=dtype)[:2])).stopped
+
+    def test_near_miss_a_value_computed_from_data_with_nan_markers_and_read_is_a_use(self):
+        prices = np.array([1.5, np.nan, 2.5, 3.0])
+        result = detect(lambda: read_back(torch.tensor(prices).mean()))
+        assert result.stopped and result.detection.root.facts.entered
 
     @staticmethod
     def _scores_masked_with_the_dtype_minimum(row_with_nothing: bool):
@@ -1632,7 +1645,7 @@ class TestSentinels:
     def test_near_miss_data_with_an_inf_among_finite_values_is_input_data(self):
         def load():
             row = [float(v) for v in "1.0 inf 3.0".split()]  # parsed from a file
-            read_back(torch.tensor(row))
+            read_back(torch.tensor(row) * 2)  # (used: data only looked at is no stop)
 
         result = detect(load)
         assert result.stopped and result.detection.root.facts.entered
