@@ -102,21 +102,22 @@ def _data_as_it_came(record: Record) -> bool:
     return True
 
 
-def _a_metric(t: torch.Tensor, record: Record) -> bool:
+def _a_metric(t: torch.Tensor, record: Record, no_parameters=lambda module: False) -> bool:
     """Is `t`, read back, a value that trains nothing (see `_born_as_a_metric`)? The loss
     requires grad: read, it still stops the run."""
-    return not t.requires_grad and _born_as_a_metric(record)
+    return not t.requires_grad and _born_as_a_metric(record, no_parameters)
 
 
-def _born_as_a_metric(record: Record) -> bool:
+def _born_as_a_metric(record: Record, no_parameters=lambda module: False) -> bool:
     """Was `record`'s value born outside the model, without autograd, once training
     began? A validation metric logged as NaN (the precision of a class never predicted, a
     correlation over a constant batch, a MAPE over a zero target), a best-so-far ratio:
     read back, or kept in a metric's state that nothing trains, it is listed as made, not
     a stop, as in watch mode. A NaN the model itself made or passed through (an op inside
     a module: an EMA model evaluated with the NaN weights an average wrote), and data that
-    arrived bad, still stop the run there."""
-    if any(r.module is not None or r.node_seq is not None for r in lineage_of(record)):
+    arrived bad, still stop the run there. A module called on its own that holds no
+    parameter (`no_parameters(name)`: a torchmetrics metric) is no model."""
+    if any(r.module is not None and not no_parameters(r.module) or r.node_seq is not None for r in lineage_of(record)):
         return False
     root = birth_of(record)
     return root.phase == "forward" and not root.facts.entered and not root.facts.untracked_input
@@ -410,7 +411,7 @@ class Detector(Observer):
             record = self.recorder.op(func, args, kwargs, out, node, created_seq, intended, before)
         self.records.put(out, record)
         written = record.facts.parameter if record.facts.writes_parameter else None
-        writes_parameter = written is not None and (written.trained or not _born_as_a_metric(record)) \
+        writes_parameter = written is not None and (written.trained or not _born_as_a_metric(record, self._metric_module)) \
             and not self._a_constant_put_back(record, args)
         has_inf = bool(record.output.posinf or record.output.neginf)
         reason = op_verdict(record.phase, record.has_nan, has_inf, out.dtype, accepted=record.intended,
@@ -441,7 +442,7 @@ class Detector(Observer):
         # data is no use of it, and what training does with it is checked where it trains.)
         if not record.intended and not record.tested and not _data_as_it_came(record) \
                 and not self.locator.tests_finiteness(self.locator.user_frame()) \
-                and not self.amp.from_scaled_gradients(record) and not _a_metric(t, record):
+                and not self.amp.from_scaled_gradients(record) and not _a_metric(t, record, self._metric_module):
             self.stop(record, StopReason.READ_BACK)
 
     def metric_followed(self, metric) -> None:
@@ -497,7 +498,7 @@ class Detector(Observer):
                     for _, record in made:
                         record.tested = True
                 return
-            hidden = node is None and next((r for t, r in made if r.has_nan and not _born_as_a_metric(r)
+            hidden = node is None and next((r for t, r in made if r.has_nan and not _born_as_a_metric(r, self._metric_module)
                                             and bool(torch.isnan(t).any())), None)
         for _, record in made:
             born = birth_of(record)
@@ -561,6 +562,9 @@ class Detector(Observer):
                 return
             record = self.recorder.entered(op, t, self.recorder.entering_phase())
         self.records.put(t, record)
+
+    def _metric_module(self, name: str) -> bool:
+        return self.recorder.modules.holds_no_parameters(name)
 
     def _a_constant_put_back(self, record: Record, args) -> bool:
         """Is `record` a buffer copied back (load_state_dict) with what a model was built with

@@ -365,6 +365,9 @@ class ModuleTracker:
     def __init__(self) -> None:
         self._names: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
         self._parameter_names = WeakIdKeyDictionary()
+        # Modules called on their own that hold no parameter: a metric (torchmetrics'
+        # PearsonCorrCoef), a loss module. What they make is not the model's.
+        self._parameter_free_roots: set[str] = set()
         self._stack: list[str] = []
         self._handles: list = []
         self.loading_state = 0  # > 0 inside Module.load_state_dict
@@ -432,6 +435,10 @@ class ModuleTracker:
             frame = frame.f_back
         return False
 
+    def holds_no_parameters(self, name: str) -> bool:
+        """Is `name` a module called on its own that holds no parameter (a metric, a loss)?"""
+        return name in self._parameter_free_roots
+
     @property
     def current(self) -> str | None:
         return self._stack[-1] if self._stack else None
@@ -456,6 +463,8 @@ class ModuleTracker:
             if sub is not root:
                 self._names[sub] = _without_compile_wrappers(qualname) or root_name
         self._names[root] = root_name
+        if next(root.parameters(), None) is None:
+            self._parameter_free_roots.add(root_name)
         for qualname, tensor in (*root.named_parameters(), *root.named_buffers()):
             self._parameter_names[tensor] = _without_compile_wrappers(qualname)
         return root_name

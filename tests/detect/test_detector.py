@@ -409,6 +409,16 @@ class TestMetricsTheScriptPrints:
         assert not result.stopped
         assert [d.op for d in result.detector.recorder.discarded()] == ["aten.div.Tensor"]
 
+    def test_a_metric_module_with_no_parameters_is_no_model(self):
+        # torchmetrics' metrics are nn.Modules called on their own: what they make is a metric.
+        class Precision(torch.nn.Module):
+            def forward(self, logits, y):
+                return TestMetricsTheScriptPrints._per_class_precision(logits, y)
+
+        result = self._train_then_evaluate(Precision())
+        assert not result.stopped
+        assert [d.op for d in result.detector.recorder.discarded()] == ["aten.div.Tensor"]
+
     def test_near_miss_the_models_own_nan_in_evaluation_still_stops(self):
         class LogHead(torch.nn.Module):
             def forward(self, x):
