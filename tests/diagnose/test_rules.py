@@ -690,6 +690,32 @@ def test_near_miss_cosh_of_moderate_residuals_of_either_sign_is_clean():
     assert stays_clean(lambda: torch.log(torch.cosh(torch.tensor([-60.0, 60.0]))).mean())
 
 
+def _layer_norm_by_hand_over_a_blank_row(rms_only: bool = False):
+    """ConvNeXt's channels-first LayerNorm, written out with its own names and no eps
+    (or, `rms_only`, an RMSNorm: no mean taken out), over a row of zeros."""
+    h = torch.randn(3, 4, requires_grad=True) * torch.tensor([[1.0], [0.0], [1.0]])
+
+    def layer_norm():
+        u = h.mean(-1, keepdim=True)
+        s = (h - u).pow(2).mean(-1, keepdim=True)
+        return ((h - u) / torch.sqrt(s)).sum()
+
+    def rms_norm():
+        ms = h.pow(2).mean(-1, keepdim=True)
+        return (h / torch.sqrt(ms)).sum()
+
+    return rms_norm if rms_only else layer_norm
+
+
+def test_a_variance_written_out_under_any_name_is_a_zero_variance():
+    cause = cause_of(_layer_norm_by_hand_over_a_blank_row())
+    assert cause.id == "zero_variance"
+
+
+def test_near_miss_a_mean_of_squares_with_no_mean_taken_out_is_a_plain_division_by_zero():
+    assert cause_of(_layer_norm_by_hand_over_a_blank_row(rms_only=True)).id == "div_by_zero"
+
+
 @pytest.mark.parametrize("eps, cause_id", [(0.0, "zero_variance"), (1e-5, None)])
 def test_a_layer_norm_without_epsilon_over_zero_padded_frames_divides_by_a_zero_variance(eps, cause_id):
     frames = torch.randn(2, 5, 6)
@@ -1450,3 +1476,16 @@ def test_a_non_finite_learning_rate_is_named_as_the_setting_with_the_schedule_fi
     cause = cause_of(run)
     assert cause.id == "optimizer_invalid" and "`lr` is non-finite" in cause.title
     assert "max_iter" in cause.fix and "eps=0" not in cause.explanation
+
+
+def test_an_empty_mask_over_its_own_max_is_said_to_divide_by_all_zeros():
+    mask = torch.zeros(4)
+    cause = cause_of(lambda: mask / mask.max())
+    assert cause.id == "div_by_zero" and "all zeros" in cause.explanation
+
+
+def test_near_miss_a_single_zero_divisor_is_not_given_the_empty_mask_example():
+    # A gradient norm divided by (a scalar that is 0): no mask in sight.
+    grad = torch.randn(3)
+    cause = cause_of(lambda: grad / torch.zeros(()))
+    assert cause.id == "div_by_zero" and "empty mask" not in cause.explanation

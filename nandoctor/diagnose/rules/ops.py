@@ -154,7 +154,8 @@ def div_by_zero(ev: Evidence) -> Cause | None:
         "div_by_zero",
         "division by zero",
         f"{where.capitalize()}At {ev.where} ({ev.code}) {count_of(den.zeros, den)} denominator values are 0: {kind}. "
-        f"Result: {_out(ev)}." + (" The denominator is all zeros (e.g. an empty mask normalised by its max)." if den.zeros == den.numel else "")
+        f"Result: {_out(ev)}." + (" The denominator is all zeros (e.g. an empty mask normalised by its max)."
+           if den.zeros == den.numel and num is not None and num.zeros == num.numel else "")
         + _rounded_to_zero(den.dtype, "a number near 1 (a `beta` of 0.999, a probability)", "`1 - beta`"),
         _first("Compute the denominator in float32 (a `1 - beta**n` of a bfloat16 beta is 0 in bfloat16), then "
                "cast;" if _rounded_to_zero(den.dtype) else None,
@@ -304,12 +305,18 @@ def _divides_by_a_spread(ev: Evidence) -> bool:
     divisor, location = _divisor(ev)
     if divisor is None:
         return False
-    if _SPREAD.search(divisor):
+    if _SPREAD.search(divisor) or _VARIANCE_BY_HAND.search(divisor):
         return True
-    name = re.match(r"=?\s*\(?\s*([A-Za-z_]\w*)\s*\)?\s*(?:$|[#,)\]])", divisor)
+    name = re.match(r"=?\s*\(?\s*(?:(?:torch\.)?sqrt\(\s*)?([A-Za-z_]\w*)\s*\)?\s*\)?\s*(?:$|[#,)\]+])", divisor)
     if name:
-        return bool(_SPREAD.search(_assigned_above(location.file, location.line, name.group(1))))
+        assigned = _assigned_above(location.file, location.line, name.group(1))
+        return bool(_SPREAD.search(assigned) or _VARIANCE_BY_HAND.search(assigned))
     return _a_range_of_names(divisor, location)
+
+
+# A variance written out: the mean of squared deviations (`(h - u).pow(2).mean(-1)`,
+# `((x - mu) ** 2).mean()`), whatever the names (ConvNeXt's LayerNorm calls it `s`).
+_VARIANCE_BY_HAND = re.compile(r"\([^()]*-[^()]*\)\s*(?:\*\*\s*2|\.pow\(\s*2\s*\)|\.square\(\s*\))\s*\)?\s*\.mean\(")
 
 
 def _divides_by_a_range(ev: Evidence) -> bool:
