@@ -869,7 +869,8 @@ class Detector(Observer):
         super().optimizer_created(optimizer)
         self.boundaries.optimizers.add(optimizer)
         try:
-            self._optimizers_made_at[optimizer] = self.locator.user_frame()
+            # (A Keras optimizer's torch view is made inside fit: it knows where the script made it.)
+            self._optimizers_made_at[optimizer] = getattr(optimizer, "made_at", None) or self.locator.user_frame()
         except TypeError:
             pass  # (an optimizer that takes no weak reference: its step's line stays the answer)
 

@@ -287,11 +287,14 @@ class TrainingHooks:
 
     def _wrap_keras_init(self, original):
         state = self.observer.state
+        locator = getattr(self.observer, "locator", None)
 
         @functools.wraps(original)
         def __init__(optimizer, *args, **kwargs):
             original(optimizer, *args, **kwargs)
             state.optimizer_created()  # steps count from here (its variables come later)
+            if locator is not None:  # (its torch view is made at the first step, inside fit)
+                optimizer._nandoctor_made_at = locator.user_frame(2)
 
         return __init__
 
@@ -639,6 +642,7 @@ class KerasOptimizer:
     def __init__(self, keras_optimizer, parameters: list) -> None:
         self.name = type(keras_optimizer).__name__
         self.param_groups = [{"params": parameters}]
+        self.made_at = getattr(keras_optimizer, "_nandoctor_made_at", None)  # (code, line) of the script's
 
     @classmethod
     def of(cls, keras_optimizer, variables) -> "tuple[KerasOptimizer | None, bool]":

@@ -428,6 +428,37 @@ def test_keras_steps_are_optimizer_steps_with_history(monkeypatch):
     assert len(history.loss) == 8 and all(v is not None for v in history.grad_norm)
 
 
+def _keras_fit_with_adam(epsilon: float):
+    """A Keras fit whose first input feature is always 0: its weights' gradients are exactly
+    0, which Adam with epsilon=0 turns into 0/0."""
+    keras = _keras()
+    import numpy as np
+
+    def fit():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.Adam(learning_rate=1e-3, epsilon=epsilon)  # MARK-keras-adam
+        model.compile(optimizer=optimizer, loss="mse")
+        x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+        x[:, 0] = 0.0
+        model.fit(x, x[:, 1:2], batch_size=16, epochs=1, verbose=0)
+
+    return detect(fit, check_optimizer_ops=True)  # (as the replay checks a step)
+
+
+def test_a_keras_optimizers_bad_update_is_located_where_the_script_made_it(monkeypatch):
+    # The step runs inside fit(), whose line says nothing of the setting to change.
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    found = _keras_fit_with_adam(epsilon=0.0)
+    assert found.stopped and found.detection.root.phase == "optimizer"
+    assert found.detection.root.location.code.endswith("# MARK-keras-adam")
+
+
+def test_near_miss_a_keras_adam_with_its_default_epsilon_is_clean(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    assert not _keras_fit_with_adam(epsilon=1e-7).stopped
+
+
 def _keras_fit_with_a_nan_validation_metric(callback_names):
     """A Keras fit whose validation metric (a ratio over a zero target) is NaN every epoch;
     the callbacks named follow that metric."""
