@@ -102,13 +102,13 @@ def _data_as_it_came(record: Record) -> bool:
     return True
 
 
-def _a_metric(t: torch.Tensor, record: Record, no_parameters=lambda module: False) -> bool:
+def _a_metric(t: torch.Tensor, record: Record, no_parameters) -> bool:
     """Is `t`, read back, a value that trains nothing (see `_born_as_a_metric`)? The loss
     requires grad: read, it still stops the run."""
     return not t.requires_grad and _born_as_a_metric(record, no_parameters)
 
 
-def _born_as_a_metric(record: Record, no_parameters=lambda module: False) -> bool:
+def _born_as_a_metric(record: Record, no_parameters) -> bool:
     """Was `record`'s value born outside the model, without autograd, once training
     began? A validation metric logged as NaN (the precision of a class never predicted, a
     correlation over a constant batch, a MAPE over a zero target), a best-so-far ratio:
@@ -1034,15 +1034,14 @@ class Detector(Observer):
         line; gives the samples' non-finite tensors. The random state is the script's again
         after (a random augmentation draws again here; a script that imputes the batch
         trains on with its own stream). Best effort: the batch is recorded anyway."""
-        def fetch():
-            twin = undisturbed(dataset)
+        def fetch(twin):
             self._check_ops_again()
             samples = [twin[index] for index in indices]
             if collate is not None:
                 collate(samples)
             return samples
 
-        return self._fetched_again(fetch)
+        return self._fetched_again(fetch, dataset)
 
     def _refetch_stream(self, dataset, stream, batch_number: int, collate=None) -> list[torch.Tensor] | None:
         """An IterableDataset's batch `batch_number`, fetched again (see `_refetch`): a new
@@ -1052,8 +1051,7 @@ class Detector(Observer):
         worker, number = stream.worker_of(batch_number)
         per_batch = stream.batch_size or 1
 
-        def fetch():
-            twin = undisturbed(dataset)
+        def fetch(twin):
             with _as_worker(twin, stream, worker):
                 samples = iter(twin)
                 for _ in range(number * per_batch):  # (at the script's own speed: no op checked)
@@ -1064,7 +1062,7 @@ class Detector(Observer):
                     collate(batch)
                 return batch
 
-        return self._fetched_again(fetch)
+        return self._fetched_again(fetch, dataset)
 
     def _refetch_as_worker(self, dataset, stream, worker: int, batches: list, collate=None) -> list[torch.Tensor] | None:
         """A map-style dataset's batch that worker process `worker` made, the last of
@@ -1074,8 +1072,7 @@ class Detector(Observer):
         same numbers), then this one with it on."""
         *earlier, this = batches
 
-        def fetch():
-            twin = undisturbed(dataset)
+        def fetch(twin):
             with _as_worker(twin, stream, worker):
                 for indices in earlier:  # (at the script's own speed: no op checked)
                     samples = _fetch_samples(twin, indices)
@@ -1087,16 +1084,18 @@ class Detector(Observer):
                     collate(samples)
                 return samples
 
-        return self._fetched_again(fetch)
+        return self._fetched_again(fetch, dataset)
 
-    def _fetched_again(self, fetch) -> list[torch.Tensor] | None:
-        """What both refetches share: `fetch()` runs in the data phase with the script's
-        random state put back after, a dataset that fails on a second read gives None (the
-        batch is reported as it came), and what comes back gives its non-finite tensors."""
+    def _fetched_again(self, fetch, dataset) -> list[torch.Tensor] | None:
+        """What the refetches share: `fetch(twin)` runs in the data phase on a copy of the
+        dataset that leaves the script's own as it was (`undisturbed`: its generators and
+        counters), with the script's random state put back after; a dataset that fails on
+        a second read gives None (the batch is reported as it came), and what comes back
+        gives its non-finite tensors."""
         self.state.data_depth += 1
         try:
             with _random_state_kept(), self._numpy_warnings.caught():
-                samples = fetch()
+                samples = fetch(undisturbed(dataset))
         except NonFiniteFound:
             raise
         except Exception:  # noqa: BLE001 - a dataset or stream that fails on a second read: report the batch
@@ -1167,4 +1166,3 @@ def _same_error(error: BaseException, refused: BaseException) -> bool:
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
-

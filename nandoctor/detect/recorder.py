@@ -67,15 +67,15 @@ class Recorder:
         tensors = [(name, v) for name, v in named if isinstance(v, torch.Tensor)]
         overwritten = _overwritten_name(func, tensors, out)
         parents, facts = self._parents(tensors, overwritten, before)
-        if parents and all(p.intended for p in parents) and base_name(func) == "copy_" \
-                and not _a_mask_being_built(args[0]) and args[0]._base is not None:
-            # An infinity written into data (`X[7, 3] = float("inf")` in a table of values):
-            # data that holds an Inf from outside torch, not a sentinel passed on. (Copied
-            # whole into a tensor of its own, as load_state_dict copies a buffer of bin
-            # edges, it is the sentinel still.)
-            parents, facts.untracked_input = [], True
-        elif parents and all(p.intended for p in parents) and base_name(func) == "copy_":
-            intended = True  # (a copy of a sentinel is the sentinel)
+        if parents and all(p.intended for p in parents) and base_name(func) == "copy_":
+            if args[0]._base is not None and not _a_mask_being_built(args[0]):
+                # An infinity written into data (`X[7, 3] = float("inf")` in a table of
+                # values): data that holds an Inf from outside torch, not a sentinel passed on.
+                parents, facts.untracked_input = [], True
+            else:
+                # Copied whole into a tensor of its own (load_state_dict copying a buffer of
+                # bin edges): a copy of a sentinel is the sentinel.
+                intended = True
         if intended and any(not p.intended for p in parents) and _accidents_survive_the_fill(args, kwargs, out):
             intended = False  # the -inf went on purpose into values made by accident, which it left in place
         facts.written_on_purpose = intended
@@ -631,10 +631,9 @@ def _open_bounds(t: torch.Tensor) -> bool:
     of bins open at their ends (`torch.bucketize`'s boundaries, an ordinal model's cut points)."""
     if t.dim() != 1 or t.numel() < 3 or not t.is_floating_point():
         return False
-    inner = t[1:-1]
-    return bool(torch.isfinite(inner).all() and (t[0] == float("-inf") or t[-1] == float("inf"))
-                and (t[0] == float("-inf") or torch.isfinite(t[0])) and (t[-1] == float("inf") or torch.isfinite(t[-1]))
-                and (t[1:] >= t[:-1]).all())
+    # (Sorted, with every inner value finite, an end can only be -inf first or +inf last; a
+    # NaN anywhere fails the comparison.)
+    return bool(torch.isfinite(t[1:-1]).all() and not torch.isfinite(t).all() and (t[1:] >= t[:-1]).all())
 
 
 def _nothing_finite(summary: TensorSummary) -> bool:

@@ -455,57 +455,55 @@ class TestMetricsTheScriptPrints:
         assert result.detection.root.op == "aten.div.Tensor"
 
     @staticmethod
-    def _poly_schedule(clamped: bool):
-        w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
-        opt = torch.optim.SGD([w], lr=0.1)
-
-        def run():
-            for it in range(5):  # past the 3 steps the schedule was written for
-                progress = torch.tensor(it / 3)
-                lr = 0.1 * ((1 - progress).clamp(min=0) if clamped else 1 - progress) ** 0.9  # MARK-poly
-                opt.param_groups[0]["lr"] = lr.item()
-                opt.zero_grad()
-                (w * w).sum().backward()
-                opt.step()
-
-        return detect(run)
-
-    def test_a_learning_rate_schedule_that_runs_past_its_end_is_found_where_it_went_nan(self):
-        result = self._poly_schedule(clamped=False)
-        assert result.stopped and result.detection.reason is StopReason.OPTIMIZER_SETTING
-        assert result.detection.root.op == "aten.pow.Tensor_Scalar"
-        assert result.detection.root.location.line == line_of("MARK-poly")
-
-    def test_near_miss_a_schedule_clamped_at_its_end_is_clean(self):
-        assert not self._poly_schedule(clamped=True).stopped
-
-    @staticmethod
-    def _numpy_poly_schedule(clamped: bool):
-        import numpy as np
-
+    def _trained_with_schedule(lr_at):
+        """Five SGD steps at the learning rate `lr_at(it)`, a schedule written for three."""
         w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
         opt = torch.optim.SGD([w], lr=0.1)
 
         def run():
             for it in range(5):
-                progress = max(0.0, 1 - it / 3) if clamped else 1 - it / 3
-                lr = 0.1 * np.power(progress, 0.9)  # MARK-numpy-poly
-                opt.param_groups[0]["lr"] = lr
+                opt.param_groups[0]["lr"] = lr_at(it)
                 opt.zero_grad()
                 (w * w).sum().backward()
                 opt.step()
 
         return detect(run)
 
+    @staticmethod
+    def _torch_poly(clamped: bool):
+        def lr_at(it):
+            progress = torch.tensor(it / 3)
+            lr = 0.1 * ((1 - progress).clamp(min=0) if clamped else 1 - progress) ** 0.9  # MARK-poly
+            return lr.item()
+
+        return lr_at
+
+    @staticmethod
+    def _numpy_poly(clamped: bool):
+        def lr_at(it):
+            progress = max(0.0, 1 - it / 3) if clamped else 1 - it / 3
+            return 0.1 * np.power(progress, 0.9)  # MARK-numpy-poly
+
+        return lr_at
+
+    def test_a_learning_rate_schedule_that_runs_past_its_end_is_found_where_it_went_nan(self):
+        result = self._trained_with_schedule(self._torch_poly(clamped=False))
+        assert result.stopped and result.detection.reason is StopReason.OPTIMIZER_SETTING
+        assert result.detection.root.op == "aten.pow.Tensor_Scalar"
+        assert result.detection.root.location.line == line_of("MARK-poly")
+
+    def test_near_miss_a_schedule_clamped_at_its_end_is_clean(self):
+        assert not self._trained_with_schedule(self._torch_poly(clamped=True)).stopped
+
     def test_a_schedule_numpy_made_nan_is_found_at_the_line_numpy_warned_at(self):
-        result = self._numpy_poly_schedule(clamped=False)
+        result = self._trained_with_schedule(self._numpy_poly(clamped=False))
         assert result.stopped and result.detection.reason is StopReason.OPTIMIZER_SETTING
         root = result.detection.root
         assert root.location.line == line_of("MARK-numpy-poly") and root.step == 4
         assert root.facts.optimizer_setting == "lr" and "invalid value" in root.facts.made_by_numpy
 
     def test_near_miss_a_numpy_schedule_clamped_at_its_end_is_clean(self):
-        assert not self._numpy_poly_schedule(clamped=True).stopped
+        assert not self._trained_with_schedule(self._numpy_poly(clamped=True)).stopped
 
     def test_a_metrics_state_that_nothing_trains_may_hold_the_inf_of_a_metric(self):
         # Keras keeps a metric's running total in a variable nothing trains.
