@@ -760,6 +760,12 @@ class Detector(Observer):
         self._backward_ended()
 
     @property
+    def checked_at_the_step(self) -> bool:
+        """Are this backward's loss and gradients checked at the optimizer's step (see
+        `_checks_at_the_step`)? Then its nodes that can only overflow go unhooked (nodes.py)."""
+        return self._checked_at_the_step
+
+    @property
     def mode_suspended(self) -> bool:
         return self._suspended
 
@@ -798,6 +804,8 @@ class Detector(Observer):
         node = current_node()
         with self.internal():
             self.recorder.link_untracked(grad_outputs)  # summed by the engine, out of the mode's sight
+            if self._checked_at_the_step:
+                self.recorder.made_out_of_sight(grad_outputs)  # by a node left to the step (nodes.py)
         again = None
         self.python_code_starts()
         try:
@@ -1144,6 +1152,8 @@ class Detector(Observer):
             needs_replay = True
         if born.phase == "backward" and born.backward_node is not None and not born.op:
             needs_replay = True  # a node that could not run again op by op (see node_went_nonfinite)
+        if born.facts.made_out_of_sight:
+            needs_replay = True  # by a backward node left unchecked to the step (see nodes.py)
         if reason is StopReason.GRADIENT_BEFORE_STEP and self.amp.from_scaled_gradients(event):
             # scaler.step() steps only on finite unscaled gradients: these came in around it.
             event.facts.scaled_gradient_stepped = True

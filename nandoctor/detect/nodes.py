@@ -68,6 +68,16 @@ _UNCHECKED_NODES = _RESHAPES | frozenset({
 # norm over the gradients before any update), so with an optimizer in the run those outputs
 # are left to it: one read of every weight's gradient less each step. Should one overflow,
 # the step stops on it and the seeded replay, which checks backward op by op, names the op.
+#
+# In a backward whose checks go to the step (a plain `loss.backward()` with an optimizer in
+# the run: see `Detector._checks_at_the_step`), such a node is not hooked at all. An Inf it
+# makes matters only if it reaches a gradient the step applies, and there the step's check
+# stops the run; on its way it may pass a node that is checked, which finds a non-finite
+# gradient arriving that no record names (`Detector.node_went_nonfinite` marks it made out
+# of sight). Either way the stop asks for the seeded replay, which names the op. What this
+# saves is a hook and a read per node on every step of every run, most of a Transformer's
+# checked nodes (its matmuls, layer norms and residual adds); what it costs is a replay,
+# only on the rare run whose backward overflows in one of them.
 _LEFT_TO_THE_STEP = frozenset({
     "AddmmBackward0", "MmBackward0", "BmmBackward0", "ConvolutionBackward0", "EmbeddingBackward0",
     "NativeLayerNormBackward0", "NativeBatchNormBackward0", "AddBackward0",
@@ -153,6 +163,7 @@ class NodeChecks:
         stack = _grad_fns(self._graphs[-1])
         starts, ends = self._python_node_starts, self._python_node_ends
         leaves_at_step = self.detector.state.optimizer_seen  # (else no step reads the .grad)
+        unchecked = _UNCHECKED_NODES | _LEFT_TO_THE_STEP if self.detector.checked_at_the_step else _UNCHECKED_NODES
         visited: dict[int, object] = {}  # (holding each node: a freed node's id can come back)
         while stack:
             node = stack.pop()
@@ -165,7 +176,7 @@ class NodeChecks:
                 continue  # (a leaf: nothing behind it)
             python = issubclass(kind, BackwardCFunction) and name != COMPILED_BACKWARD
             edges = node.next_functions
-            if python or name not in _UNCHECKED_NODES and not _widening_cast(node, name):
+            if python or name not in unchecked and not _widening_cast(node, name):
                 metadata = node.metadata
                 if metadata.get(_ARMED) is self:
                     continue  # armed by an earlier backward of a kept graph, and all behind it

@@ -158,6 +158,21 @@ class Recorder:
                     and not all_finite(g):
                 self.records.put(g, self.latest_backward)
 
+    def made_out_of_sight(self, gradients) -> None:
+        """Gradients that reach a checked node non-finite with no record, none made before
+        in this backward to link them to: a node left unchecked to the step's check made
+        them (see nodes.py, `_LEFT_TO_THE_STEP`). Each gets a record of that, with no op:
+        the stop it leads to asks for the replay, which checks backward op by op."""
+        for g in gradients:
+            if isinstance(g, torch.Tensor) and (g.is_floating_point() or g.is_complex()) and self.records.get(g) is None \
+                    and not all_finite(g):
+                output = summarize(g, "output")
+                record = Record(op="", phase="backward", where=None, module=None, backward_node=None, node_seq=None,
+                                step=self.state.step_or_none, output=output, inputs=[], parents=[],
+                                has_nan=output.nan > 0, facts=SiteFacts(made_out_of_sight=True))
+                self.last_backward_order, self.latest_backward = record.order, record
+                self.records.put(g, record)
+
     def passed_on_intended(self, func, args, kwargs, out: torch.Tensor) -> Record | None:
         """The record of a value written on purpose (a -inf mask, `written_on_purpose`) that
         this op only passed on, or None when the op may have made something of its own.

@@ -139,6 +139,7 @@ class SiteFacts:
     optimizer: str | None = None  # the optimizer's class
     optimizer_setting: str | None = None  # the param-group setting that was non-finite ("lr", "betas")
     untracked_input: bool = False  # an input was non-finite and no op nandoctor saw made it
+    made_out_of_sight: bool = False  # a gradient a backward node left to the step's check made (nodes.py)
     received_from_peers: bool = False  # a collective (all_reduce, all_gather) brought it from the other ranks
     unwatched_thread: str | None = None  # first seen on this thread, whose ops the per-op watch does not see
     scaled_gradient_stepped: bool = False  # a GradScaler's scaled gradient reached optimizer.step(), not scaler.step()
@@ -187,7 +188,7 @@ class SiteFacts:
                 out["parameter_buffer"] = True
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
                     "user_backward", "written_on_purpose", "own_optimizer", "scaled_gradient_stepped", "mask_overflowed",
-                    "optimizer_made_here", "received_from_peers"):
+                    "optimizer_made_here", "received_from_peers", "made_out_of_sight"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",

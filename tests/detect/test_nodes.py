@@ -178,6 +178,18 @@ def test_values_masked_inside_backward_stop_neither(scenario):
     assert not detect(scenario, backward_by_node=False).stopped
 
 
+def _hooked_nodes(loss) -> dict:
+    """Each node's name in `loss`'s graph -> whether nandoctor hooked it (one per node)."""
+    hooked: dict = {}
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None:
+            hooked.setdefault(node.name(), []).append("nandoctor.armed" in node.metadata)
+            stack.extend(fn for fn, _ in node.next_functions)
+    return hooked
+
+
 def test_only_nodes_that_can_make_a_non_finite_gradient_are_hooked():
     # A hook costs 3-7 µs to register each step: nodes that only move, select or widen a
     # gradient get none (ReLU's backward keeps or zeroes it; a cast up from bfloat16 cannot
@@ -188,16 +200,7 @@ def test_only_nodes_that_can_make_a_non_finite_gradient_are_hooked():
         y = torch.relu(torch.ones(2, 4) @ w)
     loss = (y.float() + h.float()).sum()
     hooked = {}
-
-    def look():
-        stack = [loss.grad_fn]
-        while stack:
-            node = stack.pop()
-            if node is not None:
-                hooked.setdefault(node.name(), []).append("nandoctor.armed" in node.metadata)
-                stack.extend(fn for fn, _ in node.next_functions)
-
-    detect(lambda: (loss.backward(retain_graph=True), look()))
+    detect(lambda: (loss.backward(retain_graph=True), hooked.update(_hooked_nodes(loss))))
     assert hooked["ReluBackward0"] == [False]
     assert hooked["MmBackward0"] == [True]
     # Back up to float32 for w (autocast's cast of the weight); back down to bfloat16 for y
@@ -237,6 +240,61 @@ def test_without_an_optimizer_what_a_matmul_hands_a_leaf_is_checked_at_once():
     detected = detect(no_optimizer)
     assert detected.stopped and not detected.detection.needs_replay
     assert detected.detection.root.backward_node == "MmBackward0"
+
+
+def test_with_the_step_checking_the_gradients_a_matmul_goes_unhooked():
+    # A plain backward with an optimizer in the run: the step reads every gradient it
+    # applies, so a node that can only overflow (a matmul, a layer norm, an add) is left
+    # to it, and only the nodes that can make a NaN or Inf of finite values are hooked.
+    seen = {}
+
+    def step():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(16, 4)).pow(2).mean()
+        loss.backward(retain_graph=True)
+        seen.update(_hooked_nodes(loss))
+        opt.step()
+
+    assert not detect(step).stopped
+    assert seen["AddmmBackward0"] == [False, False] and seen["NativeLayerNormBackward0"] == [False]
+    assert seen["TanhBackward0"] == [True] and seen["PowBackward0"] == [True]
+
+
+def _a_float16_hidden_gradient_that_overflows(loss_scale: float = 1000.0):
+    # Forward stays in range (|tanh| <= 1 times weights of 100, summed in float32); the
+    # gradient reaching the hidden layer, 1000 x 100 summed over 64 outputs, passes
+    # float16's 65504 in the second Linear's matmul, then goes through tanh's backward.
+    def train():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 64)).half()
+        torch.nn.init.constant_(model[2].weight, 100.0)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-9)
+        opt.zero_grad()
+        out = model(torch.randn(1024, 4, dtype=torch.float16))
+        (out.float().sum() * loss_scale).backward()
+        opt.step()
+
+    return train
+
+
+def test_an_overflow_in_an_unhooked_matmul_stops_the_step_and_asks_for_the_replay():
+    # The Inf comes out of the unhooked matmul into tanh's node, which is checked: it finds
+    # a non-finite gradient arriving that no record names, made out of its sight. The step
+    # stops on the weights' gradients, and the replay (op by op) names the matmul.
+    by_node = detect(_a_float16_hidden_gradient_that_overflows())
+    by_op = detect(_a_float16_hidden_gradient_that_overflows(), backward_by_node=False)
+    assert by_node.stopped and by_node.detection.needs_replay
+    assert by_node.detection.reason.name == "GRADIENT_BEFORE_STEP"
+    assert by_node.detection.root.facts.made_out_of_sight
+    assert (by_op.detection.root.op, by_op.detection.root.backward_node) == ("aten.mm.default", "AddmmBackward0")
+    assert not by_op.detection.needs_replay
+
+
+def test_near_miss_the_same_gradient_in_range_stops_neither():
+    healthy = _a_float16_hidden_gradient_that_overflows(loss_scale=1e-3)
+    assert not detect(healthy).stopped
+    assert not detect(healthy, backward_by_node=False).stopped
 
 
 def _count_backward_ops(monkeypatch) -> list:
