@@ -84,6 +84,19 @@ _LEFT_TO_THE_STEP = frozenset({
     COMPILED_BACKWARD,  # (the replay runs it eagerly to find the op)
 })
 
+# Nodes that multiply the gradient by a bounded factor made of finite values: tanh's and
+# sigmoid's from their outputs (1 - y², y(1 - y)), a softmax's and a log-softmax's from
+# theirs (probabilities; exp of a log-probability, 0 for a masked -inf), GELU's and SiLU's
+# derivatives (at most ~1.1, and their input finite wherever the forward output was), an
+# NLL loss's weights over their finite total (the step reads the loss before the
+# gradients: a total of 0 is a NaN loss, stopped there first). Like the nodes above, only
+# an overflow makes a non-finite gradient of them, and in a backward checked at the step
+# they are left to it too.
+_BOUNDED_DERIVATIVE = frozenset({
+    "TanhBackward0", "SigmoidBackward0", "SoftmaxBackward0", "LogSoftmaxBackward0", "GeluBackward0",
+    "SiluBackward0", "NllLossBackward0",
+})
+
 
 def _reaches_a_leaf(node) -> bool:
     """Does a gradient handed to `node` become a leaf's .grad, with the same values?"""
@@ -163,7 +176,8 @@ class NodeChecks:
         stack = _grad_fns(self._graphs[-1])
         starts, ends = self._python_node_starts, self._python_node_ends
         leaves_at_step = self.detector.state.optimizer_seen  # (else no step reads the .grad)
-        unchecked = _UNCHECKED_NODES | _LEFT_TO_THE_STEP if self.detector.checked_at_the_step else _UNCHECKED_NODES
+        unchecked = _UNCHECKED_NODES | _LEFT_TO_THE_STEP | _BOUNDED_DERIVATIVE if self.detector.checked_at_the_step \
+            else _UNCHECKED_NODES
         visited: dict[int, object] = {}  # (holding each node: a freed node's id can come back)
         while stack:
             node = stack.pop()
