@@ -58,6 +58,7 @@ _RUNNING: "weakref.WeakSet[Detector]" = weakref.WeakSet()
 _pop_mode = torch._C._pop_torch_dispatch_stack
 _push_mode = torch._C._push_on_torch_dispatch_stack
 _grad_enabled = torch.is_grad_enabled
+_sequence_nr = torch._C._autograd._get_sequence_nr
 _set_grad_enabled = torch._C._set_grad_enabled
 
 # The innermost frames of an error whose variables may hold the value an op refused.
@@ -306,6 +307,7 @@ class Detector(Observer):
         self._backward_mark = 0
         self.nodes = NodeChecks(self)
         self.regions = ModuleRegions(self, module_regions)
+        self._nodes_before = _sequence_nr()  # the autograd node number when the graph began (see `_graph_fingerprint`)
         self._by_node: list[bool] = []  # per backward() running: did it take the mode off
         self._python_code: list[bool] = []  # per Python function running inside it: was the mode off
         self._hooks = hooks.TrainingHooks(self)
@@ -320,6 +322,7 @@ class Detector(Observer):
             self._numpy_warnings.install()
             self.mode.__enter__()
             self._suspended = False
+            self._nodes_before = _sequence_nr()
         _RUNNING.add(self)
         return self
 
@@ -709,6 +712,7 @@ class Detector(Observer):
         self._checked_at_the_step = self._checks_at_the_step(roots)
         if not (self._checked_at_the_step and self.flags.enabled):
             self.read_flags()
+        built = self.regions.graph_built()
         by_node = plain and self._can_check_by_node(graph)
         self._by_node.append(by_node and not self._suspended)
         self.nodes.begin(graph if by_node else None)
@@ -719,8 +723,20 @@ class Detector(Observer):
                                                        keep=self._checked_at_the_step)
             self.amp.backward_began(self._backward_mark, self._scaled_backward)
             if by_node:
-                self.nodes.arm()
+                self.nodes.arm(self._graph_fingerprint(graph, *built) if self._checked_at_the_step else None)
         return self._backward_mark
+
+    def _graph_fingerprint(self, roots, regions_built: int, nodes_in_regions: int):
+        """What built the graph a backward starts on, when every autograd node made since
+        the last backward was made inside a region (a model of torch.nn's own modules and a
+        loss, as in most training loops): the regions, in order, with their node counts,
+        and where in that stretch the roots are. Each step of the loop gives the same (see
+        NodeChecks.arm). None when some node was made elsewhere (op by op: the user's own
+        forward code), where the same count could be other ops."""
+        if _sequence_nr() - self._nodes_before != nodes_in_regions:
+            return None
+        return regions_built, tuple(t.grad_fn._sequence_nr() - self._nodes_before for t in roots
+                                    if isinstance(t, torch.Tensor) and t.grad_fn is not None)
 
     def _checks_at_the_step(self, roots) -> bool:
         """Leave this backward's checks (the loss, the gradients after it, and on an
@@ -841,6 +857,8 @@ class Detector(Observer):
 
     def after_backward(self, roots, mark: int) -> None:
         self._backward_ended()
+        self._nodes_before = _sequence_nr()  # (the next graph starts here: what regions built so far is not in it)
+        self.regions.graph_built()
         at_the_step = self._checked_at_the_step
         if not (at_the_step and self.flags.enabled):
             self.read_flags()

@@ -143,6 +143,9 @@ class NodeChecks:
         self._lasting: list[tuple[dict, object]] = []
         self._graphs: list = []  # the roots of each backward running (a nested one last)
         self._leaves_armed_for = None  # the roots of the backward whose leaves are hooked
+        # Graphs (as `Detector.graph_fingerprint` gives them) walked and found with no node to
+        # hook: the same graph again, each step of a loop, is not walked again.
+        self._nothing_to_hook: set = set()
         self._check_all = functools.partial(self._node_finished, frozenset())  # (a C call, no Python frame)
 
     def release(self) -> None:
@@ -164,7 +167,7 @@ class NodeChecks:
         if self._graphs and self._graphs.pop() is self._leaves_armed_for:
             self._leaves_armed_for = None  # (holding its roots would keep the graph alive)
 
-    def arm(self) -> None:
+    def arm(self, fingerprint=None) -> None:
         """Hook every node of the innermost backward's graph that can make a non-finite
         gradient and is not hooked yet. Not the leaves' accumulators: they only matter once
         this backward has made a non-finite value (rare), and are hooked then
@@ -172,7 +175,23 @@ class NodeChecks:
 
         Registering a hook is most of this walk's cost (3-7 µs a node against about 1 µs to
         visit one, timed on this machine), so a node that only moves or selects a gradient
-        gets none, and no mark either: the walk holds what it has visited instead."""
+        gets none, and no mark either: the walk holds what it has visited instead.
+
+        `fingerprint` (a backward checked at the step): what built this graph. A graph built
+        as one that was walked and had no node to hook (a model of torch.nn's modules, its
+        matmuls and activations left to the step) is not walked: each step of the loop
+        builds it again. Were the fingerprint ever to match a graph with a node to hook,
+        that node's non-finite gradient would still be stopped by the step's check, and
+        named by the replay."""
+        if fingerprint is not None and fingerprint in self._nothing_to_hook:
+            return
+        hooked = self._walk_and_hook()
+        if fingerprint is not None and not hooked and len(self._nothing_to_hook) < 16:
+            self._nothing_to_hook.add(fingerprint)
+
+    def _walk_and_hook(self) -> bool:
+        """`arm`'s walk; True when a node of the graph is hooked (now or by an earlier walk)."""
+        hooked = False
         stack = _grad_fns(self._graphs[-1])
         starts, ends = self._python_node_starts, self._python_node_ends
         leaves_at_step = self.detector.state.optimizer_seen  # (else no step reads the .grad)
@@ -191,6 +210,7 @@ class NodeChecks:
             python = issubclass(kind, BackwardCFunction) and name != COMPILED_BACKWARD
             edges = node.next_functions
             if python or name not in unchecked and not _widening_cast(node, name):
+                hooked = True
                 metadata = node.metadata
                 if metadata.get(_ARMED) is self:
                     continue  # armed by an earlier backward of a kept graph, and all behind it
@@ -201,6 +221,7 @@ class NodeChecks:
                 else:
                     node.register_hook(self._check_of(name, edges, leaves_at_step))
             stack.extend(fn for fn, _ in edges)
+        return hooked
 
     def _check_of(self, name: str, edges, leaves_at_step: bool):
         """The post-hook that checks a node's outputs: all of them, or all but those the

@@ -68,6 +68,8 @@ _push_mode = torch._C._push_on_torch_dispatch_stack
 _modes_on_stack = torch._C._len_torch_dispatch_stack
 _mode_at = torch._C._get_dispatch_stack_at
 _sequence_nr = torch._C._autograd._get_sequence_nr
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 _cpu_generator = torch.default_generator
 _thread_id = threading.get_ident
 
@@ -141,13 +143,14 @@ def _region_name(called) -> str:
 class _Open:
     """The region running now."""
 
-    __slots__ = ("module", "random_state", "site_line", "stretch_start", "thread")
+    __slots__ = ("module", "random_state", "site_line", "first_node", "stretch_start", "thread")
 
     def __init__(self, module, random_state, site_line, stretch_start, thread) -> None:
         self.module = module  # (or the function)
         self.thread = thread  # dispatch modes are per thread: so is a region
         self.random_state = random_state  # the CPU generator's state when the call began
         self.site_line = site_line  # (code, line) of the user's line that called it
+        self.first_node = stretch_start  # the autograd node number when the call began
         self.stretch_start = stretch_start  # the first autograd node number not noted yet
 
 
@@ -160,6 +163,10 @@ class ModuleRegions:
         self.detector = detector
         self.enabled = enabled
         self.open: _Open | None = None
+        # What the regions closed since the last backward built, as one number: each
+        # region's callee and how many autograd nodes it made (see `graph_built`).
+        self._built = 0
+        self._built_nodes = 0
         self._replaying = 0
         self._known: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
         self._handles: list = []
@@ -264,8 +271,15 @@ class ModuleRegions:
         output is non-finite (to be replayed)."""
         self._stretch_ends(opened)
         self.open = None
-        finite = not output or self._finite_or_flagged(opened, output[0])
-        _push_mode(self.detector.mode)
+        nodes = opened.stretch_start - opened.first_node
+        self._built, self._built_nodes = hash((self._built, id(opened.module), nodes)), self._built_nodes + nodes
+        grad = _grad_enabled()
+        _set_grad_enabled(False)  # (the check's sum is no node of the script's graph)
+        try:
+            finite = not output or self._finite_or_flagged(opened, output[0])
+        finally:
+            _set_grad_enabled(grad)
+            _push_mode(self.detector.mode)
         return finite
 
     def _finite_or_flagged(self, opened: _Open, output) -> bool:
@@ -316,6 +330,15 @@ class ModuleRegions:
         if now > opened.stretch_start:
             self.detector.sites.note_range(opened.stretch_start, now, (opened.site_line, self.detector.modules.current))
             opened.stretch_start = now
+
+    def graph_built(self) -> tuple[int, int]:
+        """What the regions closed since the last call built: each callee, in order, and its
+        number of autograd nodes, as one number, and how many nodes in all; starts again
+        from nothing. Two steps of one training loop give the same: the same modules built
+        the same nodes."""
+        built = self._built, self._built_nodes
+        self._built, self._built_nodes = 0, 0
+        return built
 
     # -- the rare path -------------------------------------------------------------------
 

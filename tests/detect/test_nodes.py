@@ -262,6 +262,81 @@ def test_with_the_step_checking_the_gradients_a_matmul_goes_unhooked():
     assert seen["PowBackward0"] == [True]
 
 
+def _walks_per_step(monkeypatch, forward, steps: int = 4) -> list[int]:
+    """How many times each step's backward walked its graph to hook its nodes."""
+    from nandoctor.detect.nodes import NodeChecks
+
+    walks = []
+    walk = NodeChecks._walk_and_hook
+    monkeypatch.setattr(NodeChecks, "_walk_and_hook", lambda self: (walks.append(1), walk(self))[1])
+    counts = []
+
+    def train():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(steps):
+            opt.zero_grad()
+            before = len(walks)
+            forward(model, step).backward()
+            counts.append(len(walks) - before)
+            opt.step()
+
+    assert not detect(train).stopped
+    return counts
+
+
+def _a_loss_of_torch_nn(model, step):
+    return torch.nn.functional.cross_entropy(model(torch.randn(16, 4)), torch.randint(0, 3, (16,)))
+
+
+def test_a_graph_of_torch_nn_modules_with_nothing_to_hook_is_walked_once(monkeypatch):
+    # Every node made in regions (the model, the loss), none that can make a NaN of finite
+    # values: the first step's walk finds nothing to hook, and the same graph built again
+    # the next steps is not walked.
+    assert _walks_per_step(monkeypatch, _a_loss_of_torch_nn) == [1, 0, 0, 0]
+
+
+def test_near_miss_a_graph_with_a_node_to_hook_is_walked_every_step(monkeypatch):
+    # The square root's backward can make an Inf of finite values (at 0): hooked each step.
+    forward = lambda model, step: torch.sqrt(model(torch.randn(16, 4)).pow(2).sum())  # noqa: E731
+    assert _walks_per_step(monkeypatch, forward) == [1, 1, 1, 1]
+
+
+def test_near_miss_a_graph_built_otherwise_is_walked_again(monkeypatch):
+    # The third step's loss is made otherwise (mse_loss, op by op through the mode: nodes no
+    # region accounts for), and is walked before its backward; the fourth step's graph is
+    # the first one again.
+    def forward(model, step):
+        logits = model(torch.randn(16, 4))
+        if step == 2:
+            return torch.nn.functional.mse_loss(logits, torch.zeros(16, 3))
+        return torch.nn.functional.cross_entropy(logits, torch.randint(0, 3, (16,)))
+
+    assert _walks_per_step(monkeypatch, forward) == [1, 0, 1, 0]
+
+
+def test_a_graph_not_walked_again_still_stops_at_the_step_on_an_overflow():
+    # The three steps build the same graph (a torch.nn model, cross_entropy), walked once.
+    # The third's inputs are 300 everywhere: its forward stays in float16's range, but the
+    # first layer's weight gradient, a sum over 256 rows of them, passes 65504 in the
+    # unhooked matmul. The step stops on it and asks for the replay.
+    def train():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 3)).half()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-9)
+        targets = torch.zeros(256, dtype=torch.long)
+        for value in (1.0, 1.0, 300.0):
+            opt.zero_grad()
+            logits = model(torch.full((256, 4), value, dtype=torch.float16))
+            torch.nn.functional.cross_entropy(logits, targets, reduction="sum").backward()
+            opt.step()
+
+    detected = detect(train)
+    assert detected.stopped and detected.detection.needs_replay
+    assert detected.detection.reason.name == "GRADIENT_BEFORE_STEP" and detected.detector.state.step == 2
+
+
 def _a_float16_hidden_gradient_that_overflows(loss_scale: float = 1000.0):
     # Forward stays in range (|h| <= ~1 times weights of 100, summed in float32); the
     # gradient reaching the hidden layer, 1000 x 100 summed over 64 outputs, passes
