@@ -990,7 +990,7 @@ class Detector(Observer):
         self.state.in_optimizer = False
         if not self.check_optimizer_ops:
             with self.internal():
-                if not self._flag_the_update(optimizer):
+                if not (self.flags.enabled and self._flag_the_update(optimizer)):
                     self.boundaries.after_step(optimizer)
         if not self._stepping:  # (else `stepping` puts it back, after torch's profiler mark)
             self._resume()
