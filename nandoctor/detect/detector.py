@@ -41,7 +41,7 @@ from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite, checkable
 from nandoctor.detect.numpy_warnings import NumpyWarnings
-from nandoctor.detect.nodes import COMPILED_BACKWARD, NodeChecks, current_node
+from nandoctor.detect.nodes import COMPILED_BACKWARD, GraphBuilt, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
                                       refuses_values, raised_at, speaks_of_nonfinite)
@@ -308,6 +308,7 @@ class Detector(Observer):
         self.nodes = NodeChecks(self)
         self.regions = ModuleRegions(self, module_regions)
         self._nodes_before = _sequence_nr()  # the autograd node number when the graph began (see `_graph_fingerprint`)
+        self.graph_built = GraphBuilt()  # what made the nodes since (regions, ops, compiled functions)
         self._by_node: list[bool] = []  # per backward() running: did it take the mode off
         self._python_code: list[bool] = []  # per Python function running inside it: was the mode off
         self._hooks = hooks.TrainingHooks(self)
@@ -322,7 +323,7 @@ class Detector(Observer):
             self._numpy_warnings.install()
             self.mode.__enter__()
             self._suspended = False
-            self._nodes_before = _sequence_nr()
+            self._nodes_before = self.sites.last_seq = _sequence_nr()  # (nodes made before are no op's of ours)
         _RUNNING.add(self)
         return self
 
@@ -712,7 +713,7 @@ class Detector(Observer):
         self._checked_at_the_step = self._checks_at_the_step(roots)
         if not (self._checked_at_the_step and self.flags.enabled):
             self.read_flags()
-        built = self.regions.graph_built()
+        built = self.graph_built.take()
         by_node = plain and self._can_check_by_node(graph)
         self._by_node.append(by_node and not self._suspended)
         self.nodes.begin(graph if by_node else None)
@@ -726,17 +727,16 @@ class Detector(Observer):
                 self.nodes.arm(self._graph_fingerprint(graph, *built) if self._checked_at_the_step else None)
         return self._backward_mark
 
-    def _graph_fingerprint(self, roots, regions_built: int, nodes_in_regions: int):
+    def _graph_fingerprint(self, roots, made: int, nodes: int):
         """What built the graph a backward starts on, when every autograd node made since
-        the last backward was made inside a region (a model of torch.nn's own modules and a
-        loss, as in most training loops): the regions, in order, with their node counts,
-        and where in that stretch the roots are. Each step of the loop gives the same (see
-        NodeChecks.arm). None when some node was made elsewhere (op by op: the user's own
-        forward code), where the same count could be other ops."""
-        if _sequence_nr() - self._nodes_before != nodes_in_regions:
+        the last backward is accounted for (`graph_built`: regions, ops through the mode,
+        compiled functions): what made them, in order, with their node counts, and where
+        in that stretch the roots are. Each step of a training loop gives the same (see
+        NodeChecks.arm). None when some node was made where nandoctor did not see it."""
+        if _sequence_nr() - self._nodes_before != nodes:
             return None
-        return regions_built, tuple(t.grad_fn._sequence_nr() - self._nodes_before for t in roots
-                                    if isinstance(t, torch.Tensor) and t.grad_fn is not None)
+        return made, tuple(t.grad_fn._sequence_nr() - self._nodes_before for t in roots
+                           if isinstance(t, torch.Tensor) and t.grad_fn is not None)
 
     def _checks_at_the_step(self, roots) -> bool:
         """Leave this backward's checks (the loss, the gradients after it, and on an
@@ -857,8 +857,8 @@ class Detector(Observer):
 
     def after_backward(self, roots, mark: int) -> None:
         self._backward_ended()
-        self._nodes_before = _sequence_nr()  # (the next graph starts here: what regions built so far is not in it)
-        self.regions.graph_built()
+        self._nodes_before = _sequence_nr()  # (the next graph starts here: what was built so far is not in it)
+        self.graph_built.take()
         at_the_step = self._checked_at_the_step
         if not (at_the_step and self.flags.enabled):
             self.read_flags()
@@ -1022,8 +1022,10 @@ class Detector(Observer):
         if self.passive or self.eager_compiled:
             return fn(*args, **kwargs)
         self._last_compiled = name
+        first_node = _sequence_nr()
         with _ModeFullyOff(self):  # the user's graphs compile and run as in plain python
             out = fn(*args, **kwargs)
+        self.graph_built.add(name, _sequence_nr() - first_node)
         with self.internal():
             self._check_compiled_outputs(out, name)
         return out

@@ -134,6 +134,7 @@ class CheckingMode(TorchDispatchMode):
             if seq != d.sites.last_seq:
                 # Autograd numbered a node for this op: remember the forward line for backward.
                 created = seq - 1
+                d.graph_built.add(func, 1)  # (one node per op: an unseen one makes the count differ)
                 d.sites.note(seq, (d.locator.user_frame(1), d.modules.current))
         elif d.sites.last_seq != (seq := _sequence_nr()):
             # A graph built inside backward: the forward that reentrant checkpointing runs

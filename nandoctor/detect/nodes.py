@@ -92,9 +92,18 @@ _LEFT_TO_THE_STEP = frozenset({
 # gradients: a total of 0 is a NaN loss, stopped there first). Like the nodes above, only
 # an overflow makes a non-finite gradient of them, and in a backward checked at the step
 # they are left to it too.
+#
+# So do nodes that sum, average, spread or narrow a gradient of finite values: an expand's
+# sum, a mean's division by its count, a max pool's scatter to its maxima, a cast down to
+# a narrower float (a bfloat16 gradient under autocast: only an overflow makes an Inf),
+# and attention's fused backward, which recomputes probabilities in [0, 1] from the
+# log-sum-exp it saved and makes sums of products of them.
 _BOUNDED_DERIVATIVE = frozenset({
-    "TanhBackward0", "SigmoidBackward0", "SoftmaxBackward0", "LogSoftmaxBackward0", "GeluBackward0",
-    "SiluBackward0", "NllLossBackward0",
+    "TanhBackward0", "SigmoidBackward0", "SoftmaxBackward0", "SafeSoftmaxBackward0", "LogSoftmaxBackward0",
+    "GeluBackward0", "SiluBackward0", "NllLossBackward0",
+    "ExpandBackward0", "MeanBackward0", "MeanBackward1", "MaxPool2DWithIndicesBackward0", "ToCopyBackward0",
+    "ScaledDotProductFlashAttentionForCpuBackward0", "ScaledDotProductFlashAttentionBackward0",
+    "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0",
 })
 
 
@@ -126,6 +135,29 @@ def _widening_cast(node, name: str) -> bool:
     return came is not None and goes is not None and came <= goes
 
 
+
+
+class GraphBuilt:
+    """What built the autograd nodes made since the last backward, as one number (each
+    maker in order, a module region, an op or a compiled function, with how many nodes it
+    made) and how many nodes in all. Two steps of one training loop give the same: the
+    same code built the same graph (see `NodeChecks.arm`)."""
+
+    __slots__ = ("made", "nodes")
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.nodes = 0
+
+    def add(self, maker, nodes: int) -> None:
+        self.made = hash((self.made, maker, nodes))
+        self.nodes += nodes
+
+    def take(self) -> tuple[int, int]:
+        """(what built it, how many nodes), and start again from nothing."""
+        built = self.made, self.nodes
+        self.made = self.nodes = 0
+        return built
 
 
 def _grad_fns(roots) -> list:

@@ -163,10 +163,6 @@ class ModuleRegions:
         self.detector = detector
         self.enabled = enabled
         self.open: _Open | None = None
-        # What the regions closed since the last backward built, as one number: each
-        # region's callee and how many autograd nodes it made (see `graph_built`).
-        self._built = 0
-        self._built_nodes = 0
         self._replaying = 0
         self._known: "weakref.WeakKeyDictionary[nn.Module, bool]" = weakref.WeakKeyDictionary()
         self._handles: list = []
@@ -271,8 +267,7 @@ class ModuleRegions:
         output is non-finite (to be replayed)."""
         self._stretch_ends(opened)
         self.open = None
-        nodes = opened.stretch_start - opened.first_node
-        self._built, self._built_nodes = hash((self._built, id(opened.module), nodes)), self._built_nodes + nodes
+        self.detector.graph_built.add(id(opened.module), opened.stretch_start - opened.first_node)
         grad = _grad_enabled()
         _set_grad_enabled(False)  # (the check's sum is no node of the script's graph)
         try:
@@ -330,15 +325,6 @@ class ModuleRegions:
         if now > opened.stretch_start:
             self.detector.sites.note_range(opened.stretch_start, now, (opened.site_line, self.detector.modules.current))
             opened.stretch_start = now
-
-    def graph_built(self) -> tuple[int, int]:
-        """What the regions closed since the last call built: each callee, in order, and its
-        number of autograd nodes, as one number, and how many nodes in all; starts again
-        from nothing. Two steps of one training loop give the same: the same modules built
-        the same nodes."""
-        built = self._built, self._built_nodes
-        self._built, self._built_nodes = 0, 0
-        return built
 
     # -- the rare path -------------------------------------------------------------------
 

@@ -290,11 +290,16 @@ def _a_loss_of_torch_nn(model, step):
     return torch.nn.functional.cross_entropy(model(torch.randn(16, 4)), torch.randint(0, 3, (16,)))
 
 
-def test_a_graph_of_torch_nn_modules_with_nothing_to_hook_is_walked_once(monkeypatch):
-    # Every node made in regions (the model, the loss), none that can make a NaN of finite
-    # values: the first step's walk finds nothing to hook, and the same graph built again
-    # the next steps is not walked.
-    assert _walks_per_step(monkeypatch, _a_loss_of_torch_nn) == [1, 0, 0, 0]
+def _a_loss_written_op_by_op(model, step):
+    return torch.tanh(model(torch.randn(16, 4))).mean()  # (ops through the mode: tanh, mean)
+
+
+@pytest.mark.parametrize("forward", [_a_loss_of_torch_nn, _a_loss_written_op_by_op], ids=["regions", "op-by-op"])
+def test_a_graph_with_nothing_to_hook_is_walked_once(monkeypatch, forward):
+    # No node that can make a NaN of finite values (matmuls, GELU, a log-softmax, tanh, a
+    # mean): the first step's walk finds nothing to hook, and the same graph built again
+    # by the same regions and ops the next steps is not walked.
+    assert _walks_per_step(monkeypatch, forward) == [1, 0, 0, 0]
 
 
 def test_near_miss_a_graph_with_a_node_to_hook_is_walked_every_step(monkeypatch):
@@ -304,9 +309,8 @@ def test_near_miss_a_graph_with_a_node_to_hook_is_walked_every_step(monkeypatch)
 
 
 def test_near_miss_a_graph_built_otherwise_is_walked_again(monkeypatch):
-    # The third step's loss is made otherwise (mse_loss, op by op through the mode: nodes no
-    # region accounts for), and is walked before its backward; the fourth step's graph is
-    # the first one again.
+    # The third step's loss is made otherwise (mse_loss, its ops through the mode): a graph
+    # not built before is walked; the fourth step's graph is the first one again.
     def forward(model, step):
         logits = model(torch.randn(16, 4))
         if step == 2:
