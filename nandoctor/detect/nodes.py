@@ -11,6 +11,12 @@ the engine frees only after the node's post-hooks: that finds the exact op with 
 records, lineage and forward line per-op tracing gives, and its records pass on to the
 node's real outputs.
 
+Not every node: one that only moves a gradient gets no hook, and in a backward whose
+checks go to the optimizer's step, neither does one that can only overflow (see
+`_LEFT_TO_THE_STEP` and `_BOUNDED_DERIVATIVE`): the step's own check of the gradients
+stops on what such a node makes, and the seeded replay names the op. A graph built again
+as one already walked with nothing to hook is not walked again (`GraphBuilt`).
+
 Python code that runs inside backward is still traced op by op: a custom
 `autograd.Function` (and what is built on one: a module's backward hooks, reentrant
 checkpointing) runs with the mode on between the pre-hook and post-hook it gets here, and
