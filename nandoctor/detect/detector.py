@@ -717,6 +717,7 @@ class Detector(Observer):
         by_node = plain and self._can_check_by_node(graph)
         self._by_node.append(by_node and not self._suspended)
         self.nodes.begin(graph if by_node else None)
+        self.recorder.gradients_left_to_the_step = by_node and self._checked_at_the_step
         if by_node:
             self._suspend()  # (first: the loss's read and the arming run no op through the mode)
         with self.internal():

@@ -41,6 +41,9 @@ class Recorder:
         # Where the script made the optimizer whose step is running: (code, line) or None.
         self.optimizer_made_at: Callable[[], tuple | None] = lambda: None
         self.watched_thread = threading.get_ident()  # the thread whose ops the dispatch mode sees
+        # The last backward left the nodes that can only overflow unhooked (nodes.py): a
+        # non-finite parameter gradient no record names was made there.
+        self.gradients_left_to_the_step = False
         # (op, user frame) -> [count, made a NaN, allowed]: every birth of a non-finite value,
         # for the report of a run in which none of them mattered.
         self._made: dict[tuple, list] = {}
@@ -166,12 +169,16 @@ class Recorder:
         for g in gradients:
             if isinstance(g, torch.Tensor) and (g.is_floating_point() or g.is_complex()) and self.records.get(g) is None \
                     and not all_finite(g):
-                output = summarize(g, "output")
-                record = Record(op="", phase="backward", where=None, module=None, backward_node=None, node_seq=None,
-                                step=self.state.step_or_none, output=output, inputs=[], parents=[],
-                                has_nan=output.nan > 0, facts=SiteFacts(made_out_of_sight=True))
-                self.last_backward_order, self.latest_backward = record.order, record
-                self.records.put(g, record)
+                self._out_of_sight(g)
+
+    def _out_of_sight(self, g: torch.Tensor) -> Record:
+        output = summarize(g, "output")
+        record = Record(op="", phase="backward", where=None, module=None, backward_node=None, node_seq=None,
+                        step=self.state.step_or_none, output=output, inputs=[], parents=[],
+                        has_nan=output.nan > 0, facts=SiteFacts(made_out_of_sight=True))
+        self.last_backward_order, self.latest_backward = record.order, record
+        self.records.put(g, record)
+        return record
 
     def passed_on_intended(self, func, args, kwargs, out: torch.Tensor) -> Record | None:
         """The record of a value written on purpose (a -inf mask, `written_on_purpose`) that
@@ -240,6 +247,13 @@ class Recorder:
                 recorded = self.records.all_of(t)
                 if recorded:
                     parents += recorded
+                    continue
+                if self.gradients_left_to_the_step and (torch._C._current_graph_task_id() != -1
+                                                        or self.modules.holds_gradient([t])):
+                    # A gradient the last backward made in a node left to the step's check
+                    # (nodes.py), read by the script's own code: inside backward (a tensor
+                    # hook, a custom Function), or after it (`p.grad /= scale`).
+                    parents.append(self._out_of_sight(t))
                     continue
                 facts.untracked_input = True
                 if facts.parameter is None:

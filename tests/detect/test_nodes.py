@@ -372,6 +372,32 @@ def test_an_overflow_in_an_unhooked_matmul_stops_the_step_and_asks_for_the_repla
     assert not by_op.detection.needs_replay
 
 
+@pytest.mark.parametrize("read_by", ["step-code", "tensor-hook"])
+def test_a_gradient_made_out_of_sight_and_read_by_the_script_still_asks_for_the_replay(read_by):
+    # The overflow is made in an unhooked node (the cast back to float16) and reaches the
+    # .grad with no checked node on its way; the script's own code reads it first: it
+    # divides the gradients by its loss scale before the step, or a tensor hook halves
+    # the gradient inside backward. Those ops pass the Inf on as a gradient made out of
+    # sight, not as a value from nowhere: the step stops on it and asks for the replay.
+    def train():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 128)).half()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        pred = model(torch.randn(512, 16).half())
+        if read_by == "tensor-hook":
+            pred.register_hook(lambda g: g * 0.5)
+        (((pred.float() - torch.randn(512, 128)) ** 2).sum() * 2.0 ** 16).backward()
+        if read_by == "step-code":
+            for p in model.parameters():
+                p.grad /= 2.0 ** 16
+        opt.step()
+
+    detected = detect(train)
+    assert detected.stopped and detected.detection.needs_replay
+    assert detected.detection.reason.name == "GRADIENT_BEFORE_STEP"
+    assert detected.detection.root.facts.made_out_of_sight
+
+
 def test_near_miss_the_same_gradient_in_range_stops_neither():
     healthy = _a_float16_hidden_gradient_that_overflows(loss_scale=1e-3)
     assert not detect(healthy).stopped
