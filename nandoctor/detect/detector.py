@@ -692,8 +692,16 @@ class Detector(Observer):
 
     def _explain(self, event: Record, reason: StopReason, **how) -> Detection:
         """The detection of `event`: its lineage back to the root (see lineage.explain)."""
-        return explain(event, reason, self.recorder.forward_by_node, self.locator,
-                       forward_by_line=self.recorder.forward_by_line, **how)
+        detection = explain(event, reason, self.recorder.forward_by_node, self.locator,
+                            forward_by_line=self.recorder.forward_by_line, **how)
+        root = detection.root
+        if self.recorder.gradients_left_to_the_step and not root.op and root.facts.untracked_input:
+            # A value no op was seen making, between a backward that left nodes to the step
+            # and the step: most likely what such a node made (a gradient the script read
+            # through ops that pass a value on unchecked, `p.grad.abs().max()`). The replay
+            # checks backward op by op.
+            detection.needs_replay = True
+        return detection
 
     def first_nan(self) -> Detection | None:
         """The first NaN made in the run, explained as if it had stopped it, also when it
@@ -951,6 +959,7 @@ class Detector(Observer):
         through the mode it cost two profiler marks' and a zeroing's dispatches a step.
         A gradient zeroed in place no longer holds what its record said."""
         self.boundaries.drop_kept_losses()  # the script throws the gradients they made away
+        self.recorder.gradients_left_to_the_step = False
         try:
             return self._mode_off_for(clear)
         finally:
@@ -989,6 +998,7 @@ class Detector(Observer):
 
     def after_optimizer_step(self, optimizer) -> None:
         self.state.in_optimizer = False
+        self.recorder.gradients_left_to_the_step = False  # (applied: the parameters are checked now)
         if not self.check_optimizer_ops:
             with self.internal():
                 if not (self.flags.enabled and self._flag_the_update(optimizer)):
@@ -1173,8 +1183,6 @@ class Detector(Observer):
             needs_replay = True
         if born.phase == "backward" and born.backward_node is not None and not born.op:
             needs_replay = True  # a node that could not run again op by op (see node_went_nonfinite)
-        if born.facts.made_out_of_sight:
-            needs_replay = True  # by a backward node left unchecked to the step (see nodes.py)
         if reason is StopReason.GRADIENT_BEFORE_STEP and self.amp.from_scaled_gradients(event):
             # scaler.step() steps only on finite unscaled gradients: these came in around it.
             event.facts.scaled_gradient_stepped = True

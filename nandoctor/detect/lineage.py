@@ -38,7 +38,10 @@ def explain(event: Record, reason: StopReason, forward_by_node: dict[int, Record
         root.facts.inf_written_by = None if root.facts.inf_written_at else intended.op
     chain.reverse()
     sites = [site_of(r, locator) for r in chain]
-    needs_replay = needs_replay or root.facts.written_by_optimizer or root.facts.device_flag is not None
+    # (A value made out of the checks' sight: by the optimizer, behind a device flag, in a
+    # backward node left to the step's check. The replay checks each of those ops.)
+    needs_replay = needs_replay or root.facts.written_by_optimizer or root.facts.device_flag is not None \
+        or root.facts.made_out_of_sight
     return Detection(reason=reason, event=sites[-1], root=sites[0], lineage=sites, needs_replay=needs_replay,
                      flagged_suspects=[site_of(r, locator) for r in flagged_suspects], refused_by=refused_by,
                      hidden_by=hidden_by)

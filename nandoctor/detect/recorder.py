@@ -171,6 +171,14 @@ class Recorder:
                     and not all_finite(g):
                 self._out_of_sight(g)
 
+    def _made_out_of_sight(self, t: torch.Tensor) -> bool:
+        """Is `t`, non-finite with no record, a gradient the last backward made in a node
+        left to the step's check (nodes.py)? Read by the script's own code inside backward
+        (a tensor hook, a custom Function), or as a parameter's .grad after it (`p.grad /=
+        scale`, printed, clipped). On the rare path only: it looks at every parameter."""
+        return self.gradients_left_to_the_step and (torch._C._current_graph_task_id() != -1
+                                                    or self.modules.holds_gradient([t]))
+
     def _out_of_sight(self, g: torch.Tensor) -> Record:
         output = summarize(g, "output")
         record = Record(op="", phase="backward", where=None, module=None, backward_node=None, node_seq=None,
@@ -248,11 +256,7 @@ class Recorder:
                 if recorded:
                     parents += recorded
                     continue
-                if self.gradients_left_to_the_step and (torch._C._current_graph_task_id() != -1
-                                                        or self.modules.holds_gradient([t])):
-                    # A gradient the last backward made in a node left to the step's check
-                    # (nodes.py), read by the script's own code: inside backward (a tensor
-                    # hook, a custom Function), or after it (`p.grad /= scale`).
+                if self._made_out_of_sight(t):
                     parents.append(self._out_of_sight(t))
                     continue
                 facts.untracked_input = True
@@ -382,7 +386,10 @@ class Recorder:
         )
 
     def existing_or_bare(self, t: torch.Tensor, op: str, phase: str) -> Record:
-        return self.records.get(t) or self.bare(op, t, phase)
+        record = self.records.get(t)
+        if record is None and self._made_out_of_sight(t):
+            return self._out_of_sight(t)
+        return record or self.bare(op, t, phase)
 
     def carry(self, args, out) -> None:
         """A view/copy/index of a recorded non-finite tensor carries its record along. Of

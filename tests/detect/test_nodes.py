@@ -398,6 +398,41 @@ def test_a_gradient_made_out_of_sight_and_read_by_the_script_still_asks_for_the_
     assert detected.detection.root.facts.made_out_of_sight
 
 
+_GRADIENTS_READ_BEFORE_THE_STEP = """\
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 128)).half()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(512, 16).half(), torch.randn(512, 128)
+for step in range(3):
+    opt.zero_grad()
+    pred = model(x)
+    loss = ((pred.float() - y) ** 2).sum()
+    (loss * 2.0 ** 16).backward()
+    READ_THE_GRADIENTS
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("reader", [
+    "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)",
+    'print("largest gradient", model[0].weight.grad.abs().max().tolist())',
+], ids=["clipping-raises", "printed"])
+def test_a_gradient_made_out_of_sight_that_the_script_reads_gets_the_op_from_the_replay(tmp_path, reader):
+    # The script reads the gradients before any step: clip_grad_norm_ raises over their
+    # non-finite norm, or a print reads their largest value (through ops that pass a value
+    # on unchecked). What it read was made in a node left to the step; the report is the
+    # replay's: the cast back to float16 in backward, at the loss's line.
+    from helpers import run_nandoctor
+
+    (tmp_path / "train.py").write_text(_GRADIENTS_READ_BEFORE_THE_STEP.replace("READ_THE_GRADIENTS", reader))
+    result = run_nandoctor(["run", "train.py"], tmp_path)
+    assert result.code == 3, result.stderr
+    root = result.report["root"]
+    assert (root["op"], root["backward_node"], root["location"]["line"]) == (
+        "aten._to_copy.default", "ToCopyBackward0", 9)
+
+
 def test_near_miss_the_same_gradient_in_range_stops_neither():
     healthy = _a_float16_hidden_gradient_that_overflows(loss_scale=1e-3)
     assert not detect(healthy).stopped
