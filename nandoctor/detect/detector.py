@@ -44,7 +44,7 @@ from nandoctor.detect.numpy_warnings import NumpyWarnings
 from nandoctor.detect.nodes import COMPILED_BACKWARD, GraphBuilt, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
-                                      refuses_values, raised_at, speaks_of_nonfinite)
+                                       ranks_train_together, refuses_values, raised_at, speaks_of_nonfinite)
 from nandoctor.detect.policy import HANDLES_NONFINITE, an_overflow, op_verdict, tests_finiteness
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
@@ -304,6 +304,7 @@ class Detector(Observer):
         self._stepping = 0  # optimizer.step() calls running (see `stepping`)
         self._scaled_backward = False
         self._checked_at_the_step = False  # this backward's loss and gradients (see `_checks_at_the_step`)
+        self._overflow_left_to_the_step = False  # ...and its nodes that can only overflow (see nodes.py)
         self._backward_mark = 0
         self.nodes = NodeChecks(self)
         self.regions = ModuleRegions(self, module_regions)
@@ -725,7 +726,10 @@ class Detector(Observer):
         by_node = plain and self._can_check_by_node(graph)
         self._by_node.append(by_node and not self._suspended)
         self.nodes.begin(graph if by_node else None)
-        self.recorder.gradients_left_to_the_step = by_node and self._checked_at_the_step
+        # Not where ranks train together: each rank's gradients are all-reduced in backward,
+        # and the rank whose node made a value must have its record to be named the culprit.
+        self._overflow_left_to_the_step = self._checked_at_the_step and not ranks_train_together()
+        self.recorder.gradients_left_to_the_step = by_node and self._overflow_left_to_the_step
         if by_node:
             self._suspend()  # (first: the loss's read and the arming run no op through the mode)
         with self.internal():
@@ -733,7 +737,7 @@ class Detector(Observer):
                                                        keep=self._checked_at_the_step)
             self.amp.backward_began(self._backward_mark, self._scaled_backward)
             if by_node:
-                self.nodes.arm(self._graph_fingerprint(graph, *built) if self._checked_at_the_step else None)
+                self.nodes.arm(self._graph_fingerprint(graph, *built) if self._overflow_left_to_the_step else None)
         return self._backward_mark
 
     def _graph_fingerprint(self, roots, made: int, nodes: int):
@@ -785,10 +789,11 @@ class Detector(Observer):
         self._backward_ended()
 
     @property
-    def checked_at_the_step(self) -> bool:
+    def overflow_left_to_the_step(self) -> bool:
         """Are this backward's loss and gradients checked at the optimizer's step (see
-        `_checks_at_the_step`)? Then its nodes that can only overflow go unhooked (nodes.py)."""
-        return self._checked_at_the_step
+        `_checks_at_the_step`), with no peer rank to share them? Then its nodes that can
+        only overflow go unhooked (nodes.py)."""
+        return self._overflow_left_to_the_step
 
     @property
     def mode_suspended(self) -> bool:
@@ -829,7 +834,7 @@ class Detector(Observer):
         node = current_node()
         with self.internal():
             self.recorder.link_untracked(grad_outputs)  # summed by the engine, out of the mode's sight
-            if self._checked_at_the_step:
+            if self._overflow_left_to_the_step:
                 self.recorder.made_out_of_sight(grad_outputs)  # by a node left to the step (nodes.py)
         again = None
         self.python_code_starts()

@@ -233,7 +233,7 @@ class NodeChecks:
         stack = _grad_fns(self._graphs[-1])
         starts, ends = self._python_node_starts, self._python_node_ends
         leaves_at_step = self.detector.state.optimizer_seen  # (else no step reads the .grad)
-        unchecked = _UNCHECKED_NODES | _LEFT_TO_THE_STEP | _BOUNDED_DERIVATIVE if self.detector.checked_at_the_step \
+        unchecked = _UNCHECKED_NODES | _LEFT_TO_THE_STEP | _BOUNDED_DERIVATIVE if self.detector.overflow_left_to_the_step \
             else _UNCHECKED_NODES
         visited: dict[int, object] = {}  # (holding each node: a freed node's id can come back)
         while stack:

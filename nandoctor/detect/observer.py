@@ -258,6 +258,12 @@ def _in_some_examples_only(t, examples: int) -> bool:
     return bool(per_example.any()) and not bool(per_example.all())
 
 
+def ranks_train_together() -> bool:
+    """Several ranks of torch.distributed train this model (each step all-reduces)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def finite_metric(metric) -> bool:
     """Is a monitored metric, a tensor or a number, finite? (Anything else is the
     scheduler's to refuse.)"""

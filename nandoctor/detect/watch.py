@@ -27,8 +27,8 @@ import torch
 
 from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
-from nandoctor.detect.observer import (NonFiniteFound, Observer, finite_metric, raised_at, refuses_values,
-                                      speaks_of_nonfinite)
+from nandoctor.detect.observer import (NonFiniteFound, Observer, finite_metric, raised_at, ranks_train_together,
+                                      refuses_values, speaks_of_nonfinite)
 from nandoctor.detect.provenance import SourceLocator
 from nandoctor.detect.result import WatchFinding
 
@@ -122,7 +122,7 @@ class StepWatcher(Observer):
     def _gradients_to_read(self, optimizer, loss_seen: bool) -> list[torch.Tensor]:
         """The gradients whose norm this step reads (see the module docstring): none when
         the step's loss tells enough."""
-        if loss_seen and not self._every_gradient and not _ranks_train_together():
+        if loss_seen and not self._every_gradient and not ranks_train_together():
             return []
         return [g for group in optimizer.param_groups for p in group["params"]
                 if (g := p.grad) is not None and not g.is_meta]
@@ -208,12 +208,6 @@ class StepWatcher(Observer):
         if not params:
             return None
         return _all_finite(params)
-
-
-def _ranks_train_together() -> bool:
-    """Several ranks of torch.distributed train this model (each step all-reduces)."""
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _all_finite(params) -> bool:
