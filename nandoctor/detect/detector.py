@@ -834,8 +834,7 @@ class Detector(Observer):
         node = current_node()
         with self.internal():
             self.recorder.link_untracked(grad_outputs)  # summed by the engine, out of the mode's sight
-            if self._overflow_left_to_the_step:
-                self.recorder.made_out_of_sight(grad_outputs)  # by a node left to the step (nodes.py)
+            self.recorder.made_out_of_sight(grad_outputs)  # by a node left to the step (nodes.py)
         again = None
         self.python_code_starts()
         try:

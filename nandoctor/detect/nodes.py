@@ -112,6 +112,9 @@ _BOUNDED_DERIVATIVE = frozenset({
     "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0",
 })
 
+# What a backward checked at the step leaves unhooked: all of the above.
+_UNCHECKED_AT_THE_STEP = _UNCHECKED_NODES | _LEFT_TO_THE_STEP | _BOUNDED_DERIVATIVE
+
 
 def _reaches_a_leaf(node) -> bool:
     """Does a gradient handed to `node` become a leaf's .grad, with the same values?"""
@@ -233,8 +236,7 @@ class NodeChecks:
         stack = _grad_fns(self._graphs[-1])
         starts, ends = self._python_node_starts, self._python_node_ends
         leaves_at_step = self.detector.state.optimizer_seen  # (else no step reads the .grad)
-        unchecked = _UNCHECKED_NODES | _LEFT_TO_THE_STEP | _BOUNDED_DERIVATIVE if self.detector.overflow_left_to_the_step \
-            else _UNCHECKED_NODES
+        unchecked = _UNCHECKED_AT_THE_STEP if self.detector.overflow_left_to_the_step else _UNCHECKED_NODES
         visited: dict[int, object] = {}  # (holding each node: a freed node's id can come back)
         while stack:
             node = stack.pop()

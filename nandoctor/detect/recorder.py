@@ -163,15 +163,18 @@ class Recorder:
 
     def made_out_of_sight(self, gradients) -> None:
         """Gradients that reach a checked node non-finite with no record, none made before
-        in this backward to link them to: a node left unchecked to the step's check made
-        them (see nodes.py, `_LEFT_TO_THE_STEP`). Each gets a record of that, with no op:
-        the stop it leads to asks for the replay, which checks backward op by op."""
+        in this backward to link them to: in a backward that left nodes unhooked to the
+        step's check (see nodes.py, `_LEFT_TO_THE_STEP`), one of those made them. Each gets
+        a record of that, with no op: the stop it leads to asks for the replay, which
+        checks backward op by op."""
+        if not self.gradients_left_to_the_step:
+            return
         for g in gradients:
             if isinstance(g, torch.Tensor) and (g.is_floating_point() or g.is_complex()) and self.records.get(g) is None \
                     and not all_finite(g):
                 self._out_of_sight(g)
 
-    def _made_out_of_sight(self, t: torch.Tensor) -> bool:
+    def _a_gradient_made_out_of_sight(self, t: torch.Tensor) -> bool:
         """Is `t`, non-finite with no record, a gradient the last backward made in a node
         left to the step's check (nodes.py)? Read by the script's own code inside backward
         (a tensor hook, a custom Function), or as a parameter's .grad after it (`p.grad /=
@@ -256,7 +259,7 @@ class Recorder:
                 if recorded:
                     parents += recorded
                     continue
-                if self._made_out_of_sight(t):
+                if self._a_gradient_made_out_of_sight(t):
                     parents.append(self._out_of_sight(t))
                     continue
                 facts.untracked_input = True
@@ -387,7 +390,7 @@ class Recorder:
 
     def existing_or_bare(self, t: torch.Tensor, op: str, phase: str) -> Record:
         record = self.records.get(t)
-        if record is None and self._made_out_of_sight(t):
+        if record is None and self._a_gradient_made_out_of_sight(t):
             return self._out_of_sight(t)
         return record or self.bare(op, t, phase)
 

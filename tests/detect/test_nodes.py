@@ -14,7 +14,7 @@ import weakref
 import pytest
 import torch
 
-from helpers import detect, ops_through_the_mode
+from helpers import detect, ops_through_the_mode, run_nandoctor
 
 
 def _sqrt_at_zero():
@@ -372,6 +372,12 @@ def test_an_overflow_in_an_unhooked_matmul_stops_the_step_and_asks_for_the_repla
     assert not by_op.detection.needs_replay
 
 
+def test_near_miss_the_same_gradient_in_range_stops_neither():
+    healthy = _a_float16_hidden_gradient_that_overflows(loss_scale=1e-3)
+    assert not detect(healthy).stopped
+    assert not detect(healthy, backward_by_node=False).stopped
+
+
 @pytest.mark.parametrize("read_by", ["step-code", "tensor-hook"])
 def test_a_gradient_made_out_of_sight_and_read_by_the_script_still_asks_for_the_replay(read_by):
     # The overflow is made in an unhooked node (the cast back to float16) and reaches the
@@ -423,20 +429,12 @@ def test_a_gradient_made_out_of_sight_that_the_script_reads_gets_the_op_from_the
     # non-finite norm, or a print reads their largest value (through ops that pass a value
     # on unchecked). What it read was made in a node left to the step; the report is the
     # replay's: the cast back to float16 in backward, at the loss's line.
-    from helpers import run_nandoctor
-
     (tmp_path / "train.py").write_text(_GRADIENTS_READ_BEFORE_THE_STEP.replace("READ_THE_GRADIENTS", reader))
     result = run_nandoctor(["run", "train.py"], tmp_path)
     assert result.code == 3, result.stderr
     root = result.report["root"]
     assert (root["op"], root["backward_node"], root["location"]["line"]) == (
         "aten._to_copy.default", "ToCopyBackward0", 9)
-
-
-def test_near_miss_the_same_gradient_in_range_stops_neither():
-    healthy = _a_float16_hidden_gradient_that_overflows(loss_scale=1e-3)
-    assert not detect(healthy).stopped
-    assert not detect(healthy, backward_by_node=False).stopped
 
 
 def _count_backward_ops(monkeypatch) -> list:
