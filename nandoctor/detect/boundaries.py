@@ -21,6 +21,7 @@ from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.records import Record, next_order
 from nandoctor.detect.result import StopReason
 from nandoctor.detect.state import TrainingState
+from nandoctor.detect.update_bounds import UpdateBounds
 
 Stop = Callable[..., None]  # stop(record, reason, needs_replay=False): raises NonFiniteFound
 
@@ -33,6 +34,7 @@ class BoundaryChecks:
         self._optimizers_checked: "weakref.WeakSet" = weakref.WeakSet()
         self.optimizers: "weakref.WeakSet" = weakref.WeakSet()  # every optimizer made in the run
         self._kept_losses: list[torch.Tensor] = []  # losses not read at backward() (see `loss`)
+        self.update_bounds = UpdateBounds()  # when the parameters' pass after a step can be left out
 
     # -- backward ----------------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class BoundaryChecks:
         place = transfer.add(_float32_norm(grads)) if grads else None
 
         def check(host: list) -> None:
+            total = 0.0
             if place is not None:
                 total = float(host[place][0])
                 if not math.isfinite(total):
@@ -137,6 +140,7 @@ class BoundaryChecks:
                 self.state.pending_grad_norm = total if clipped_from is None else clipped_from
                 if not math.isfinite(total):
                     self._stop_on_bad_gradient(optimizer)
+            self.update_bounds.gradients_applied(optimizer, total)
             if optimizer not in self._optimizers_checked:
                 # Once per optimizer: parameters that were non-finite before training (every
                 # later change to them is an op the detector checks, or this step's own check).
@@ -144,6 +148,11 @@ class BoundaryChecks:
                 self._check_parameters(optimizer)
 
         return check
+
+    def update_proven_finite(self, optimizer) -> bool:
+        """Is the step that just ran proven to have left every parameter finite (see
+        update_bounds.py), so that neither `after_step` nor a device flag is needed?"""
+        return self.update_bounds.proven_finite(optimizer)
 
     def after_step(self, optimizer) -> None:
         """One reduction over the parameters the step may have changed. A non-finite one

@@ -1005,7 +1005,8 @@ class Detector(Observer):
         self.recorder.gradients_left_to_the_step = False  # (applied: the parameters are checked now)
         if not self.check_optimizer_ops:
             with self.internal():
-                if not (self.flags.enabled and self._flag_the_update(optimizer)):
+                if not self.boundaries.update_proven_finite(optimizer) \
+                        and not (self.flags.enabled and self._flag_the_update(optimizer)):
                     self.boundaries.after_step(optimizer)
         if not self._stepping:  # (else `stepping` puts it back, after torch's profiler mark)
             self._resume()
@@ -1040,6 +1041,7 @@ class Detector(Observer):
         first_node = _sequence_nr()
         with _ModeFullyOff(self):  # the user's graphs compile and run as in plain python
             out = fn(*args, **kwargs)
+        self.boundaries.update_bounds.writes_unseen()  # (its code may write a parameter)
         self.graph_built.add(name, _sequence_nr() - first_node)
         with self.internal():
             self._check_compiled_outputs(out, name)

@@ -1,0 +1,223 @@
+"""When an optimizer's update provably leaves finite parameters finite.
+
+After each step trace mode reads every parameter the step may have changed (one pass over
+memory, `BoundaryChecks.after_step`): on small models 2-7% of a step, where the parameters
+have just gone through the optimizer's own passes and are out of the cache. For torch's
+SGD, Adam and AdamW the update has a bound that the step's checks already know, and
+below a quarter of the spacing of the format's largest numbers (2**102 ≈ 5e30 in float32)
+it cannot make a finite parameter non-finite: `p - d` rounds to a finite number for any
+finite `p` when `|d|` is under half that spacing. The pass is then left out.
+
+The bounds, per optimizer, on every element of its state:
+- read from the state once, when nandoctor first sees the optimizer step (zeros for a
+  fresh one; a loaded or resumed state is read) and again after `load_state_dict`;
+- grown by `G`, the norm of the gradients each step applies, read before it
+  (`take_gradients`), which bounds every element of every gradient;
+- SGD: a momentum buffer becomes `mu * buf + (1 - dampening) * g`: `M = max(M, mu * M +
+  max(1, |1 - dampening|) * G)` bounds it whether or not a parameter had a gradient. The
+  update is at most `lr * (G + mu * M)` with Nesterov, `lr * M` with momentum, `lr * G`
+  without. Weight decay adds `wd * p`, which no number here bounds: not proven;
+- Adam and AdamW: `exp_avg` is a convex mix of itself and the gradient (at most
+  `A = max(A, G)`), `exp_avg_sq` of itself and the square (`V = max(V, G**2)`), and the
+  denominator is at least `eps`: the update is at most `lr * A / eps / (1 - beta1)`.
+  `eps = 0` is not proven (0/0 on a row that never had a gradient), nor Adam's L2 weight
+  decay (it adds `wd * p` to the gradient); AdamW's decay scales `p` by `1 - lr * wd`.
+
+Every other case reads the parameters as before: another optimizer class or a subclass (its
+step is someone's code), hooks on the step (a post-hook may write the parameters), new
+parameters, float16 (a quarter of its top spacing is 8), complex or sparse values, state or
+hyperparameters off the CPU, capturable or differentiable steps, a step after a compiled
+call (its code may have written a parameter where no op was seen), or a bound past the
+threshold (a learning rate blowing the weights up: exactly where the update may be the
+first value to overflow, so the pass runs there).
+
+The parameters were finite before the step: checked when the optimizer's first step began,
+and every later write to them is an op the detector checks or a step's own (proven, or
+read after it).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.optim import SGD, Adam, AdamW
+from torch.optim import optimizer as _optimizer_module
+
+# What the bound must stay under in each format: a quarter of the spacing of its largest
+# numbers (half the half-ulp: a margin for rounding in the bound's own arithmetic).
+_THRESHOLD = {dtype: torch.finfo(dtype).max * torch.finfo(dtype).eps / 8
+              for dtype in (torch.float32, torch.float64, torch.bfloat16)}
+_PROVEN_CLASSES = (SGD, Adam, AdamW)
+
+
+class _Grown:
+    """One optimizer's bounds: on every element of its state, grown with each step."""
+
+    __slots__ = ("state", "params", "average", "squares", "verdict", "unseen_writes")
+
+    def __init__(self, optimizer, average: float, squares: float, unseen_writes: int) -> None:
+        self.state = optimizer.state  # (load_state_dict puts in another dict: bounds read again)
+        self.params = _identities(optimizer)
+        self.average = average  # |exp_avg| (Adam) or |momentum_buffer| (SGD)
+        self.squares = squares  # exp_avg_sq and max_exp_avg_sq (Adam)
+        self.verdict: bool | None = None  # the step running now: proven by its bounds?
+        self.unseen_writes = unseen_writes  # `UpdateBounds.unseen_writes` at its last step
+
+
+class UpdateBounds:
+    """Per optimizer, whether this step's update is proven to keep finite parameters finite."""
+
+    def __init__(self) -> None:
+        self._grown: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self.unseen_writes = 0
+
+    def writes_unseen(self) -> None:
+        """Code ran where an op writing a parameter would not be seen (a compiled call):
+        the next step of every optimizer reads its parameters again."""
+        self.unseen_writes += 1
+
+    def gradients_applied(self, optimizer, grad_norm: float) -> None:
+        """The step is about to apply gradients of norm `grad_norm`: the bounds grow by it
+        (read from the state first, once, where they were not grown here), and whether
+        they prove this step's update is decided now, with the hyperparameters it uses."""
+        if type(optimizer) not in _PROVEN_CLASSES:
+            return
+        grown = self._grown.get(optimizer)
+        if grown is None or grown.state is not optimizer.state:
+            bounds = _state_bounds(optimizer)
+            if bounds is None:
+                self._grown.pop(optimizer, None)
+                return
+            grown = self._grown[optimizer] = _Grown(optimizer, *bounds, self.unseen_writes)
+        groups = optimizer.param_groups
+        if type(optimizer) is SGD:
+            buffers = [_sgd_buffers(grown.average, group, grad_norm) for group in groups]
+            if None in buffers:
+                del self._grown[optimizer]  # a momentum the bound cannot follow
+                return
+            grown.average = max(buffers)
+            updates = [_sgd_update(grown.average if b else grad_norm, group, grad_norm) for b, group in zip(buffers, groups)]
+        else:
+            grown.average = max(grown.average, grad_norm)
+            grown.squares = max(grown.squares, grad_norm * grad_norm)
+            updates = [_adam_update(grown, group) for group in groups]
+        params, grown.params = grown.params, _identities(optimizer)
+        grown.verdict = params == grown.params and not _hooked(optimizer) \
+            and all(_under_threshold(update, group) for update, group in zip(updates, groups))
+
+    def proven_finite(self, optimizer) -> bool:
+        """Did the step that just ran keep every parameter finite, by the bounds alone?"""
+        grown = self._grown.get(optimizer)
+        if grown is None:
+            return False
+        verdict, grown.verdict = grown.verdict, None
+        if verdict is None or optimizer.state is not grown.state:
+            del self._grown[optimizer]  # a step the bounds did not see begin: read them again
+            return False
+        unseen, grown.unseen_writes = grown.unseen_writes != self.unseen_writes, self.unseen_writes
+        return verdict and not unseen
+
+
+def _state_bounds(optimizer) -> tuple[float, float] | None:
+    """The largest |exp_avg| (or |momentum_buffer|) and exp_avg_sq in the optimizer's
+    state, read once (an empty state: zeros); None where it holds something else."""
+    average = squares = 0.0
+    for p, entry in optimizer.state.items():
+        if not isinstance(entry, dict):
+            return None
+        for key, value in entry.items():
+            if key == "step" or value is None:
+                continue
+            if key not in _STATE_KEYS or not isinstance(value, torch.Tensor) or value.is_complex() \
+                    or not value.is_floating_point() or value.device.type != "cpu":
+                return None
+            largest = float(value.abs().max()) if value.numel() else 0.0
+            if key in ("exp_avg_sq", "max_exp_avg_sq"):
+                squares = max(squares, largest) if largest == largest else float("nan")
+            else:
+                average = max(average, largest) if largest == largest else float("nan")
+    return average, squares
+
+
+_STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
+
+
+def _identities(optimizer) -> list:
+    return [tuple(map(id, group["params"])) for group in optimizer.param_groups]
+
+
+def _hooked(optimizer) -> bool:
+    """Does code besides torch's run in this step (hooks of the optimizer's own, global
+    ones besides nandoctor's pair, a `step` set on the instance)?"""
+    return bool(optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
+                or len(_optimizer_module._global_optimizer_pre_hooks) > 1
+                or len(_optimizer_module._global_optimizer_post_hooks) > 1 or "step" in vars(optimizer))
+
+
+# An update no bound is found for: not proven (the group is read after the step).
+_UNBOUNDED = float("inf")
+
+
+def _sgd_buffers(buffers: float, group: dict, grad_norm: float) -> float | None:
+    """The momentum buffers' bound (`buffers` before) after this step in `group` (0
+    without momentum); None where the momentum cannot be followed."""
+    momentum, dampening = _number(group.get("momentum", 0)), _number(group.get("dampening", 0))
+    if momentum is None or dampening is None or not momentum >= 0:
+        return None
+    if not momentum:
+        return 0.0
+    return max(buffers, momentum * buffers + max(1.0, abs(1 - dampening)) * grad_norm)
+
+
+def _sgd_update(buffers: float, group: dict, grad_norm: float) -> float:
+    """The bound on SGD's update in `group`, its direction's included: the gradient
+    (without momentum), the buffer, or with Nesterov the gradient plus momentum times it."""
+    lr = _number(group["lr"])
+    if lr is None or _number(group.get("weight_decay", 0)) != 0:
+        return _UNBOUNDED  # (weight decay adds wd * p: no number here bounds p)
+    direction = grad_norm + (_number(group.get("momentum", 0)) or 0.0) * buffers if group.get("nesterov") \
+        else buffers
+    return max(direction, abs(lr) * direction)
+
+
+def _adam_update(grown: _Grown, group: dict) -> float:
+    """The bound on Adam's or AdamW's update in `group` and every intermediate of its step:
+    exp_avg_sq over its bias correction (at least 1 - beta2), exp_avg over the denominator
+    (at least eps), and the update, lr / (1 - beta1**t) times that (t >= 1)."""
+    lr, eps, decay, betas = group["lr"], group["eps"], group.get("weight_decay", 0), group["betas"]
+    if len(betas) != 2:
+        return _UNBOUNDED
+    beta1, beta2 = betas
+    if not {type(lr), type(eps), type(decay), type(beta1), type(beta2)} <= _PLAIN_NUMBERS:  # (tensors: read them)
+        lr, eps, decay, beta1, beta2 = (_number(v) for v in (lr, eps, decay, beta1, beta2))
+        if None in (lr, eps, decay, beta1, beta2):
+            return _UNBOUNDED
+    if not (eps > 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1):
+        return _UNBOUNDED  # (eps = 0: 0/0 on a row that never had a gradient)
+    if decay and not group.get("decoupled_weight_decay") or not 0 <= lr * decay <= 1:
+        return _UNBOUNDED  # (Adam's L2 decay adds wd * p to the gradient; AdamW's scales p by 1 - lr * wd)
+    ratio = grown.average / eps
+    return max(grown.squares / (1 - beta2), ratio, 2 * abs(lr) * ratio / (1 - beta1))
+
+
+_PLAIN_NUMBERS = {float, int}
+
+
+def _under_threshold(update: float, group: dict) -> bool:
+    """Is `update` under the threshold of every parameter's format in `group`? Not for a
+    format with no proof (float16, complex, integer), or a capturable or differentiable
+    step (other code paths)."""
+    if group.get("differentiable") or group.get("capturable"):
+        return False
+    return all(update < _THRESHOLD.get(dtype, 0.0) for dtype in {p.dtype for p in group["params"]})
+
+
+def _number(value) -> float | None:
+    """A hyperparameter as a float: a number, or a one-element tensor on the CPU (read
+    without a sync). None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return float(value) if value.device.type == "cpu" and value.numel() == 1 else None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
