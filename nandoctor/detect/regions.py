@@ -56,6 +56,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _nn_module
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from nandoctor.detect.batches import tensors_in
@@ -107,7 +108,7 @@ _FUNCTIONS = ((torch._C._nn, "cross_entropy_loss"),)
 
 
 def _on_the_cpu(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu"
+    return t.is_cpu
 
 
 def is_region(module: nn.Module, checkable=_on_the_cpu) -> bool:
@@ -133,6 +134,21 @@ def is_region(module: nn.Module, checkable=_on_the_cpu) -> bool:
     return True
 
 
+# Modules whose forward draws from the random generator: a region holding one keeps the
+# generator's state when it opens, for the replay to draw the same (a copy of 5 KB: not
+# made for the rest). RNNs and attention name their dropout probability `dropout`.
+_DRAWS_RANDOM = (_DropoutNd, nn.RReLU)
+
+
+def draws_random(module: nn.Module) -> bool:
+    return any(isinstance(sub, _DRAWS_RANDOM) or _a_probability(getattr(sub, "dropout", None))
+               for sub in module.modules())
+
+
+def _a_probability(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0
+
+
 def _region_name(called) -> str:
     """How a flagged region is named until the replay finds its op: `torch.nn.LayerNorm`."""
     if isinstance(called, nn.Module):
@@ -148,7 +164,7 @@ class _Open:
     def __init__(self, module, random_state, site_line, stretch_start, thread) -> None:
         self.module = module  # (or the function)
         self.thread = thread  # dispatch modes are per thread: so is a region
-        self.random_state = random_state  # the CPU generator's state when the call began
+        self.random_state = random_state  # the CPU generator's state when the call began (None: draws nothing)
         self.site_line = site_line  # (code, line) of the user's line that called it
         self.first_node = stretch_start  # the autograd node number when the call began
         self.stretch_start = stretch_start  # the first autograd node number not noted yet
@@ -216,20 +232,21 @@ class ModuleRegions:
         if not self._may_open():  # (first: Dynamo traces this hook, and must see no more of it)
             return
         known = self._known.get(module)
-        if known is None:
-            known = self._known[module] = is_region(module, self._checkable)
+        if known is None:  # (False, or whether a call draws random numbers)
+            known = self._known[module] = is_region(module, self._checkable) and (draws_random(module),)
         if not known or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks \
                 or module._backward_pre_hooks or _others_hook_every_module():
             return
-        self._open(module, args)
+        self._open(module, args, draws_random=known[0])
 
     def _may_open(self) -> bool:
         d = self.detector
         return not (d.passive or self._replaying or compiling() or d.state.transform_depth)
 
-    def _open(self, called, args) -> _Open | None:
+    def _open(self, called, args, draws_random: bool = False) -> _Open | None:
         """Take the per-op mode off for this call of `called` (a module or a function) and
-        return the open region; None when the call cannot be one and stays op by op."""
+        return the open region; None when the call cannot be one and stays op by op.
+        `draws_random`: the call may draw random numbers (keep the generator's state)."""
         d = self.detector
         depth = _modes_on_stack()
         if not depth or _mode_at(depth - 1) is not d.mode:
@@ -237,7 +254,8 @@ class ModuleRegions:
         for a in args:
             if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or not self._checkable(a)):
                 return None
-        self.open = _Open(called, _cpu_generator.get_state(), d.locator.user_frame(1), _sequence_nr(), _thread_id())
+        random_state = _cpu_generator.get_state() if draws_random else None
+        self.open = _Open(called, random_state, d.locator.user_frame(1), _sequence_nr(), _thread_id())
         _pop_mode(None)
         return self.open
 
@@ -259,7 +277,7 @@ class ModuleRegions:
             self._replay(opened, lambda: module(*args, **kwargs), args, output)
 
     def _checkable(self, t: torch.Tensor) -> bool:
-        return t.device.type == "cpu" or self.detector.flags.covers(t)
+        return t.is_cpu or self.detector.flags.covers(t)
 
     def _close(self, opened: _Open, *output) -> bool:
         """The region's call ended, returning `output` (nothing: it raised). Its output is
@@ -333,8 +351,9 @@ class ModuleRegions:
         state: its ops are checked and recorded one by one (a stop raises from here, as
         from the op itself), and the records of what it returned pass to the real outputs."""
         d = self.detector
-        random_after = _cpu_generator.get_state()
-        _cpu_generator.set_state(opened.random_state)
+        random_after = _cpu_generator.get_state() if opened.random_state is not None else None
+        if random_after is not None:
+            _cpu_generator.set_state(opened.random_state)
         self._replaying += 1
         again = None
         try:
@@ -347,7 +366,8 @@ class ModuleRegions:
             pass
         finally:
             self._replaying -= 1
-            _cpu_generator.set_state(random_after)
+            if random_after is not None:
+                _cpu_generator.set_state(random_after)
         replayed = dict(tensors_in(again)) if again is not None else {}
         with d.internal():
             for path, real in tensors_in(output):

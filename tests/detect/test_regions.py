@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import detect, ops_through_the_mode
-from nandoctor.detect.regions import is_region
+from nandoctor.detect import regions
+from nandoctor.detect.regions import draws_random, is_region
 
 
 def _linear(weight, bias=None) -> nn.Linear:
@@ -172,6 +173,37 @@ class _MyLinear(nn.Linear):
         "only-views"])
 def test_which_modules_are_regions(module, expected):
     assert is_region(module) is expected
+
+
+@pytest.mark.parametrize("module, expected", [
+    (nn.Sequential(nn.Linear(2, 2), nn.GELU(), nn.LayerNorm(2)), False),
+    (nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.0)), True),  # (a probability set later draws: kept anyway)
+    (nn.TransformerEncoderLayer(8, 2, 16), True),
+    (nn.MultiheadAttention(8, 2, dropout=0.1), True),
+    (nn.MultiheadAttention(8, 2), False),
+    (nn.LSTM(4, 4, num_layers=2, dropout=0.2), True),
+    (nn.RReLU(), True),
+], ids=["linear-gelu-norm", "dropout", "transformer-layer", "attention-dropout", "attention", "lstm-dropout", "rrelu"])
+def test_a_region_keeps_the_random_state_only_where_its_modules_draw(module, expected):
+    assert draws_random(module) is expected
+
+
+def test_near_miss_a_region_that_draws_nothing_replays_without_the_random_state(monkeypatch):
+    # The replay of a region with no dropout finds the op without setting the generator.
+    set_state = []
+
+    class Generator:  # torch's, with its set_state calls counted
+        get_state = staticmethod(torch.default_generator.get_state)
+
+        @staticmethod
+        def set_state(state):
+            set_state.append(state)
+            torch.default_generator.set_state(state)
+
+    monkeypatch.setattr(regions, "_cpu_generator", Generator)
+    model = nn.Sequential(_linear([[3e38, 3e38]]), _linear([[1.0], [-1.0]]))
+    result = detect(lambda: model(torch.ones(1, 2)).sum().item())
+    assert result.stopped and result.detection.root.op == "aten.mm.default" and set_state == []
 
 
 def _log_hook(module, args, out):
