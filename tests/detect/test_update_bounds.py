@@ -50,7 +50,8 @@ class TestLeftOut:
         lambda ps: torch.optim.SGD(ps, lr=0.1),
         lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
         lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.5),
-    ], ids=["adam", "adamw_amsgrad", "sgd", "sgd_nesterov", "sgd_dampening"])
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=5e-4),
+    ], ids=["adam", "adamw_amsgrad", "sgd", "sgd_nesterov", "sgd_dampening", "sgd_weight_decay"])
     def test_torchs_sgd_adam_and_adamw_leave_out_the_pass(self, passes, make):
         params = linear_params()
         opt = make(params)
@@ -79,6 +80,13 @@ class TestStillRead:
         result = detect(lambda: train(opt, [w], steps=1, loss=lambda ps: -ps[0].sum()))
         assert result.stopped and result.detection.reason is StopReason.UPDATE and passes == [opt]
 
+    def test_near_miss_weight_decay_on_huge_weights_is_read_and_its_momentum_overflow_stops_the_step(self, passes):
+        # wd * p feeds the momentum buffer: 3e38, then 0.9 * 3e38 + 2.7e38 overflows at the second step.
+        w = torch.nn.Parameter(torch.tensor([3e38]))
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=1.0)
+        result = detect(lambda: train(opt, [w], loss=lambda ps: 0 * ps[0].sum()))
+        assert result.stopped and result.detection.reason is StopReason.UPDATE and len(passes) == 2
+
     def test_adam_with_eps_zero_is_read_and_its_zero_over_zero_stops_the_first_step(self, passes):
         embed = torch.nn.Embedding(5, 2)
         opt = torch.optim.Adam(embed.parameters(), lr=1e-3, eps=0.0)
@@ -86,11 +94,10 @@ class TestStillRead:
         assert result.stopped and result.detection.reason is StopReason.UPDATE and len(passes) == 1
 
     @pytest.mark.parametrize("make", [
-        lambda ps: torch.optim.SGD(ps, lr=0.1, weight_decay=1e-4),
         lambda ps: torch.optim.Adam(ps, lr=1e-3, weight_decay=1e-4),
         lambda ps: torch.optim.RMSprop(ps, lr=1e-3),
         lambda ps: type("MyAdam", (torch.optim.Adam,), {})(ps, lr=1e-3),
-    ], ids=["sgd_weight_decay", "adam_l2_decay", "rmsprop", "adam_subclass"])
+    ], ids=["adam_l2_decay", "rmsprop", "adam_subclass"])
     def test_what_no_bound_covers_is_read_at_every_step(self, passes, make):
         params = linear_params()
         opt = make(params)
