@@ -56,6 +56,8 @@ def summarize(tensor: "torch.Tensor", name: str = "", positions: int = 3) -> Ten
 
     with torch.no_grad():
         t = tensor.detach()
+        if t.layout is not torch.strided:  # (sparse: the values it stores, with no dense copy)
+            t = t.coalesce().values() if t.layout is torch.sparse_coo else t.values()
         if t.is_complex():
             t = torch.view_as_real(t)
         shape = tuple(tensor.shape)

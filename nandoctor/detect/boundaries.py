@@ -16,7 +16,7 @@ from nandoctor.detect.amp import ScalerTracker
 from nandoctor.detect.device_flags import HostRead
 from nandoctor.detect.hooks import optimizer_name
 from nandoctor.detect.lineage import birth_of
-from nandoctor.detect.mode import all_finite
+from nandoctor.detect.mode import all_finite, stored_values
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.records import Record, next_order
 from nandoctor.detect.result import StopReason
@@ -95,7 +95,7 @@ class BoundaryChecks:
             for leaf in _leaves(roots):
                 grad = leaf.grad
                 if grad is not None and grad.is_floating_point() and self._trained(leaf) \
-                        and not bool(torch.isfinite(grad).all()):
+                        and not bool(torch.isfinite(stored_values(grad)).all()):
                     record = self.recorder.existing_or_bare(grad, "", "backward")
                     self._name_parameter(record, leaf)
                     self.stop(record, StopReason.GRADIENT_AFTER_BACKWARD)
@@ -126,8 +126,8 @@ class BoundaryChecks:
         """Queue the norm of the gradients the step will apply on `transfer`; the function
         returned keeps it in the history, stops the run on a non-finite one, and (once per
         optimizer) checks the parameters."""
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"]
-                 if p.grad is not None and not p.grad.is_meta]
+        grads = [stored_values(g) for group in optimizer.param_groups for p in group["params"]
+                 if (g := p.grad) is not None and not g.is_meta]
         place = transfer.add(_float32_norm(grads)) if grads else None
 
         def check(host: list) -> None:
@@ -177,7 +177,7 @@ class BoundaryChecks:
 
     def _stop_on_bad_gradient(self, optimizer) -> None:
         for p in _parameters(optimizer):
-            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            if p.grad is not None and not bool(torch.isfinite(stored_values(p.grad)).all()):
                 record = self.recorder.existing_or_bare(p.grad, "", "backward")
                 record.facts.parameter = record.facts.parameter or self.recorder.parameter_ref(p, optimizer)
                 self.stop(record, StopReason.GRADIENT_BEFORE_STEP)

@@ -39,7 +39,7 @@ from nandoctor.detect.boundaries import BoundaryChecks
 from nandoctor.detect.device_flags import DeferredOps, DeviceFlags, HostRead
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
-from nandoctor.detect.mode import CheckingMode, all_finite, checkable
+from nandoctor.detect.mode import CheckingMode, all_finite, checkable, stored_values
 from nandoctor.detect.numpy_warnings import NumpyWarnings
 from nandoctor.detect.nodes import COMPILED_BACKWARD, GraphBuilt, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
@@ -404,7 +404,7 @@ class Detector(Observer):
             return
         self.read_flags()  # a deferred op that ran earlier comes first
         with self.internal():
-            if torch.isfinite(out).all():  # the cheap check's sum overflowed; the values are fine
+            if torch.isfinite(stored_values(out)).all():  # the cheap check's sum overflowed; the values are fine
                 if self.records:
                     self.records.forget(out)
                 return
@@ -895,7 +895,7 @@ class Detector(Observer):
 
     def _bad_gradient(self, optimizer) -> Record:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"]
-                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+                 if p.grad is not None and not bool(torch.isfinite(stored_values(p.grad)).all())]
         return self.recorder.existing_or_bare(grads[0], "", "backward") if grads else \
             self.recorder.bare("", torch.tensor(float("nan")), "backward")
 

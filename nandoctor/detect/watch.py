@@ -27,6 +27,7 @@ import torch
 
 from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
+from nandoctor.detect.mode import stored_values
 from nandoctor.detect.observer import (NonFiniteFound, Observer, finite_metric, raised_at, ranks_train_together,
                                       refuses_values, speaks_of_nonfinite)
 from nandoctor.detect.provenance import SourceLocator
@@ -124,7 +125,7 @@ class StepWatcher(Observer):
         the step's loss tells enough."""
         if loss_seen and not self._every_gradient and not ranks_train_together():
             return []
-        return [g for group in optimizer.param_groups for p in group["params"]
+        return [stored_values(g) for group in optimizer.param_groups for p in group["params"]
                 if (g := p.grad) is not None and not g.is_meta]
 
     def scaler_stepped(self, scaler, optimizer, skipped: bool) -> None:

@@ -1,0 +1,60 @@
+"""The step's boundary reads the gradients it will apply: dense or sparse."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import detect
+from nandoctor.config import load_config
+from nandoctor.detect.observer import NonFiniteFound
+from nandoctor.detect.result import StopReason
+from nandoctor.detect.watch import StepWatcher
+
+
+def _sparse_embedding_training(bad_step: int | None, steps: int = 3):
+    """An `Embedding(sparse=True)` trained with SGD: its weight's gradient is a sparse
+    tensor, which has no `isfinite` and no norm kernel. At `bad_step` a hook scales the
+    rows' gradient by Inf (a value made in backward, not in forward)."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+
+    def train():
+        for step in range(steps):
+            rows = emb(torch.tensor([1, 2, 2]))
+            if step == bad_step:
+                rows.register_hook(lambda g: g * float("inf"))
+            opt.zero_grad()
+            rows.pow(2).sum().backward()
+            opt.step()
+
+    return emb, train
+
+
+def test_a_sparse_gradient_is_read_at_the_step_as_torch_trains_it():
+    emb, train = _sparse_embedding_training(bad_step=None)
+    result = detect(train)
+    plain, plain_train = _sparse_embedding_training(bad_step=None)
+    plain_train()
+    assert not result.stopped and torch.equal(emb.weight, plain.weight)
+
+
+def test_near_miss_a_sparse_gradient_made_non_finite_stops_before_its_step():
+    _, train = _sparse_embedding_training(bad_step=1)
+    result = detect(train)
+    assert result.stopped and result.detection.reason is StopReason.GRADIENT_BEFORE_STEP
+    assert result.detection.root.phase == "backward" and result.detection.root.output.posinf > 0
+    assert result.detector.state.step == 1  # (the first step applied, the second not)
+
+
+@pytest.mark.parametrize("bad_step, what", [(None, None), (1, "gradient")])
+def test_watch_reads_a_sparse_gradients_norm(bad_step, what):
+    _, train = _sparse_embedding_training(bad_step=bad_step)
+    watcher = StepWatcher(dict(load_config().run, watch_gradients=True))
+    try:
+        with watcher:
+            train()
+    except NonFiniteFound:
+        pass
+    finding = watcher.finding()
+    assert (finding.what if finding else None) == what
