@@ -62,6 +62,21 @@ def detect(fn, **run_overrides) -> Detected:
     return Detected(detector, stopped)
 
 
+def watch(fn, **run_overrides):
+    """Run `fn()` under watch mode (its StepWatcher), to its end or to the finding that
+    stopped it; returns the watcher."""
+    from nandoctor.detect.observer import NonFiniteFound
+    from nandoctor.detect.watch import StepWatcher
+
+    watcher = StepWatcher(dict(load_config().run, **run_overrides))
+    try:
+        with watcher:
+            fn()
+    except NonFiniteFound:
+        pass
+    return watcher
+
+
 # A training script whose acos at exactly 1 gives an infinite gradient at its line 7.
 ACOS_AT_ONE = """\
 import torch

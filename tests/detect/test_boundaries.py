@@ -4,11 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import detect
-from nandoctor.config import load_config
-from nandoctor.detect.observer import NonFiniteFound
+from helpers import detect, watch
 from nandoctor.detect.result import StopReason
-from nandoctor.detect.watch import StepWatcher
 
 
 def _sparse_embedding_training(bad_step: int | None, steps: int = 3):
@@ -50,11 +47,5 @@ def test_near_miss_a_sparse_gradient_made_non_finite_stops_before_its_step():
 @pytest.mark.parametrize("bad_step, what", [(None, None), (1, "gradient")])
 def test_watch_reads_a_sparse_gradients_norm(bad_step, what):
     _, train = _sparse_embedding_training(bad_step=bad_step)
-    watcher = StepWatcher(dict(load_config().run, watch_gradients=True))
-    try:
-        with watcher:
-            train()
-    except NonFiniteFound:
-        pass
-    finding = watcher.finding()
+    finding = watch(train, watch_gradients=True).finding()
     assert (finding.what if finding else None) == what

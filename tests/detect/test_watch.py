@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import run_nandoctor
+from helpers import run_nandoctor, watch
 from nandoctor.config import load_config
 from nandoctor.detect.observer import NonFiniteFound
 from nandoctor.detect.watch import StepWatcher
@@ -15,13 +15,7 @@ from nandoctor.detect.watch import StepWatcher
 
 def _watched(run) -> StepWatcher:
     """`run()` under watch mode, to its end or to the finding that stopped it."""
-    watcher = StepWatcher(load_config().run)
-    try:
-        with watcher:
-            run()
-    except NonFiniteFound:
-        pass
-    return watcher
+    return watch(run)
 
 
 def _complex_layer_training(bad_step: int | None):
