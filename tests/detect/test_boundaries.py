@@ -8,6 +8,10 @@ from helpers import detect, watch
 from nandoctor.detect.result import StopReason
 
 
+def line_of(marker: str) -> int:
+    return next(n for n, text in enumerate(open(__file__).read().splitlines(), 1) if marker in text and "line_of" not in text)
+
+
 def _sparse_embedding_training(bad_step: int | None, steps: int = 3):
     """An `Embedding(sparse=True)` trained with SGD: its weight's gradient is a sparse
     tensor, which has no `isfinite` and no norm kernel. At `bad_step` a hook scales the
@@ -20,7 +24,7 @@ def _sparse_embedding_training(bad_step: int | None, steps: int = 3):
         for step in range(steps):
             rows = emb(torch.tensor([1, 2, 2]))
             if step == bad_step:
-                rows.register_hook(lambda g: g * float("inf"))
+                rows.register_hook(lambda g: g * float("inf"))  # MARK-hook
             opt.zero_grad()
             rows.pow(2).sum().backward()
             opt.step()
@@ -40,7 +44,8 @@ def test_near_miss_a_sparse_gradient_made_non_finite_stops_before_its_step():
     _, train = _sparse_embedding_training(bad_step=1)
     result = detect(train)
     assert result.stopped and result.detection.reason is StopReason.GRADIENT_BEFORE_STEP
-    assert result.detection.root.phase == "backward" and result.detection.root.output.posinf > 0
+    root = result.detection.root  # the hook's op: its record passes on through the sparse gradient
+    assert (root.op, root.phase, root.location.line) == ("aten.mul.Tensor", "backward", line_of("MARK-hook"))
     assert result.detector.state.step == 1  # (the first step applied, the second not)
 
 
