@@ -60,7 +60,7 @@ _PROVEN_CLASSES = (SGD, Adam, AdamW)
 class _Grown:
     """One optimizer's bounds: on every element of its state, grown with each step."""
 
-    __slots__ = ("state", "params", "average", "squares", "weights", "verdict", "unseen_writes")
+    __slots__ = ("state", "params", "average", "squares", "weights", "weights_read", "verdict", "unseen_writes")
 
     def __init__(self, optimizer, average: float, squares: float, weights: float | None, unseen_writes: int) -> None:
         self.state = optimizer.state  # (load_state_dict puts in another dict: bounds read again)
@@ -68,6 +68,7 @@ class _Grown:
         self.average = average  # |exp_avg| (Adam) or |momentum_buffer| (SGD)
         self.squares = squares  # exp_avg_sq and max_exp_avg_sq (Adam)
         self.weights = weights  # |p| (SGD with weight decay; None where no group decays)
+        self.weights_read = weights  # ...as last read from the parameters themselves
         self.verdict: bool | None = None  # the step running now: proven by its bounds?
         self.unseen_writes = unseen_writes  # `UpdateBounds.unseen_writes` at its last step
 
@@ -98,6 +99,10 @@ class UpdateBounds:
                 return
             grown = self._grown[optimizer] = _Grown(optimizer, *bounds, _weights_bound(optimizer), self.unseen_writes)
         groups = optimizer.param_groups
+        if grown.weights is not None and not grown.weights <= _REREAD_AFTER_GROWING * max(grown.weights_read, 1.0):
+            # The bound grows geometrically with weight decay (each step adds lr * wd * P)
+            # while the weights themselves shrink: read them again, one pass in thousands of steps.
+            grown.weights = grown.weights_read = _weights_bound(optimizer)
         if type(optimizer) is SGD:
             directions = [_sgd_direction(grown, group, grad_norm) for group in groups]
             buffers = [_sgd_buffers(grown.average, group, direction) for group, direction in zip(groups, directions)]
@@ -168,6 +173,10 @@ def _hooked(optimizer) -> bool:
                 or len(_optimizer_module._global_optimizer_pre_hooks) > 1
                 or len(_optimizer_module._global_optimizer_post_hooks) > 1 or "step" in vars(optimizer))
 
+
+# How far SGD's bound on the weights may grow past what they were read at before they are
+# read again (see UpdateBounds.gradients_applied).
+_REREAD_AFTER_GROWING = 1e3
 
 # An update no bound is found for: not proven (the group is read after the step).
 _UNBOUNDED = float("inf")

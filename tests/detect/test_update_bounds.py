@@ -153,6 +153,17 @@ class TestBounds:
         assert not self.step(bounds, opt, 1e21)
         assert not self.step(bounds, opt, 1.0)
 
+    def test_sgds_bound_on_decayed_weights_is_read_again_once_it_has_grown_a_thousandfold(self, monkeypatch):
+        from nandoctor.detect import update_bounds
+        reads = []
+        read = update_bounds._weights_bound
+        monkeypatch.setattr(update_bounds, "_weights_bound", lambda opt: reads.append(1) or read(opt))
+        params = linear_params(grad=1.0)
+        opt, bounds = torch.optim.SGD(params, lr=0.5, momentum=0.9, weight_decay=1.0), UpdateBounds()
+        # lr * wd / (1 - mu) = 5: the bound grows about 6x a step, the weights do not.
+        proven = [self.step(bounds, opt, 1.0) for _ in range(12)]
+        assert all(proven) and 2 <= len(reads) <= 5
+
     def test_a_state_loaded_mid_run_is_read_again(self):
         params = linear_params(grad=1.0)
         opt, bounds = torch.optim.Adam(params, lr=1e-3), UpdateBounds()
