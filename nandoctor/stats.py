@@ -54,10 +54,10 @@ def summarize(tensor: "torch.Tensor", name: str = "", positions: int = 3) -> Ten
     """Exact summary of `tensor` (any device, any dtype); never changes it."""
     import torch
 
+    from nandoctor.detect.records import stored_values
+
     with torch.no_grad():
-        t = tensor.detach()
-        if t.layout is not torch.strided:  # (sparse: the values it stores, with no dense copy)
-            t = t.coalesce().values() if t.layout is torch.sparse_coo else t.values()
+        t = stored_values(tensor.detach())  # (sparse: the values it stores, with no dense copy)
         if t.is_complex():
             t = torch.view_as_real(t)
         shape = tuple(tensor.shape)

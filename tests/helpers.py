@@ -62,6 +62,15 @@ def detect(fn, **run_overrides) -> Detected:
     return Detected(detector, stopped)
 
 
+def line_in(path, marker: str) -> int:
+    """The number of the first line of file `path` that holds `marker` (a line that looks
+    it up, calling `line_in` or a `line_of` wrapper, does not count)."""
+    for number, text in enumerate(Path(path).read_text().splitlines(), 1):
+        if marker in text and "line_in(" not in text and "line_of(" not in text:
+            return number
+    raise AssertionError(marker)
+
+
 def watch(fn, **run_overrides):
     """Run `fn()` under watch mode (its StepWatcher), to its end or to the finding that
     stopped it; returns the watcher."""

@@ -16,9 +16,9 @@ from nandoctor.detect.amp import ScalerTracker
 from nandoctor.detect.device_flags import HostRead
 from nandoctor.detect.hooks import optimizer_name
 from nandoctor.detect.lineage import birth_of
-from nandoctor.detect.mode import all_finite, stored_values
+from nandoctor.detect.mode import all_finite
 from nandoctor.detect.recorder import Recorder
-from nandoctor.detect.records import Record, next_order
+from nandoctor.detect.records import Record, next_order, stored_values
 from nandoctor.detect.result import StopReason
 from nandoctor.detect.state import TrainingState
 from nandoctor.detect.update_bounds import UpdateBounds
@@ -148,11 +148,6 @@ class BoundaryChecks:
                 self._check_parameters(optimizer)
 
         return check
-
-    def update_proven_finite(self, optimizer) -> bool:
-        """Is the step that just ran proven to have left every parameter finite (see
-        update_bounds.py), so that neither `after_step` nor a device flag is needed?"""
-        return self.update_bounds.proven_finite(optimizer)
 
     def after_step(self, optimizer) -> None:
         """One reduction over the parameters the step may have changed. A non-finite one

@@ -39,7 +39,7 @@ from nandoctor.detect.boundaries import BoundaryChecks
 from nandoctor.detect.device_flags import DeferredOps, DeviceFlags, HostRead
 from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
-from nandoctor.detect.mode import CheckingMode, all_finite, checkable, stored_values
+from nandoctor.detect.mode import CheckingMode, all_finite, checkable
 from nandoctor.detect.numpy_warnings import NumpyWarnings
 from nandoctor.detect.nodes import COMPILED_BACKWARD, GraphBuilt, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
@@ -49,7 +49,7 @@ from nandoctor.detect.policy import HANDLES_NONFINITE, an_overflow, op_verdict, 
 from nandoctor.detect.provenance import ModuleTracker, NodeSites, SourceLocator
 from nandoctor.detect.recorder import Recorder
 from nandoctor.detect.regions import ModuleRegions
-from nandoctor.detect.records import Record, RecordTable, lineage_of, tensors_of
+from nandoctor.detect.records import Record, RecordTable, lineage_of, stored_values, tensors_of
 from nandoctor.detect.result import Detection, StopReason
 from nandoctor.detect.saved import SavedValues
 
@@ -1005,7 +1005,8 @@ class Detector(Observer):
         self.recorder.gradients_left_to_the_step = False  # (applied: the parameters are checked now)
         if not self.check_optimizer_ops:
             with self.internal():
-                if not self.boundaries.update_proven_finite(optimizer) \
+                # (A step proven to keep the parameters finite needs neither, see update_bounds.py.)
+                if not self.boundaries.update_bounds.proven_finite(optimizer) \
                         and not (self.flags.enabled and self._flag_the_update(optimizer)):
                     self.boundaries.after_step(optimizer)
         if not self._stepping:  # (else `stepping` puts it back, after torch's profiler mark)

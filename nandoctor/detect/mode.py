@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nandoctor.detect.ops import (OpKind, base_name, cast_widens, op_kind, value_outputs, written_arguments,
                                   writes_nonfinite_scalar, writes_undefined)
+from nandoctor.detect.records import stored_values
 
 _current_node = torch._C._current_autograd_node
 _jit_tracing = torch._C._get_tracing_state
@@ -79,15 +80,6 @@ def _traced(types) -> bool:
 def all_finite(t: torch.Tensor) -> bool:
     """Exact, and cheap when the answer is yes (a sum instead of a full boolean mask)."""
     return _finite(t) or bool(torch.isfinite(stored_values(t)).all())
-
-
-def stored_values(t: torch.Tensor) -> torch.Tensor:
-    """The values a check reads: a dense tensor itself; a sparse one's stored values (an
-    `Embedding(sparse=True)`'s gradient), coalesced as the tensor holds them (duplicate
-    indices summed), since `isfinite` and the norms have no sparse kernels."""
-    if t.layout is torch.strided:
-        return t
-    return t.coalesce().values() if t.layout is torch.sparse_coo else t.values()
 
 
 # Up to this many outputs (nll_loss's loss and total weight, a convolution's three

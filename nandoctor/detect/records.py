@@ -64,17 +64,26 @@ def lineage_of(record: Record, follows=lambda parent: True, limit: int = 256):
 
 def storage_key(t: torch.Tensor) -> int | None:
     try:
-        return _held_in(t).untyped_storage().data_ptr()
+        return held_in(t).untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # nested, meta tensors
         return None
 
 
-def _held_in(t: torch.Tensor) -> torch.Tensor:
+def held_in(t: torch.Tensor) -> torch.Tensor:
     """The dense tensor whose storage holds `t`'s values: itself, or a sparse tensor's
     values (an `Embedding(sparse=True)`'s gradient is a sparse COO tensor)."""
     if t.layout is torch.strided:
         return t
     return t._values() if t.layout is torch.sparse_coo else t.values()
+
+
+def stored_values(t: torch.Tensor) -> torch.Tensor:
+    """The values a check or a summary reads: a dense tensor itself; a sparse one's stored
+    values, coalesced as the tensor holds them (duplicate indices summed), since `isfinite`
+    and the norms have no sparse kernels."""
+    if t.layout is torch.strided:
+        return t
+    return held_in(t.coalesce() if t.layout is torch.sparse_coo else t)
 
 
 def tensors_of(args):
@@ -122,7 +131,7 @@ class RecordTable:
                 region = (min(start, region[0]), max(end, region[1]))
                 continue
             kept.append(entry)
-        kept.append((StorageWeakRef(_held_in(t).untyped_storage()), record, region))
+        kept.append((StorageWeakRef(held_in(t).untyped_storage()), record, region))
         self._by_storage[key] = kept[-_PER_STORAGE:]
 
     def get(self, t: torch.Tensor) -> Record | None:
@@ -185,7 +194,7 @@ _WHOLE = (0, 1 << 62)  # the region of a tensor that covers its whole storage
 def _region(t: torch.Tensor) -> tuple[int, int]:
     """The span of storage elements `t` covers: [offset, past its last element), or
     `_WHOLE` when that is all of its storage."""
-    t = _held_in(t)
+    t = held_in(t)
     start = t.storage_offset()
     if t.numel() == 0:
         return start, start

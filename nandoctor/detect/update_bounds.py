@@ -149,7 +149,7 @@ def _state_bounds(optimizer) -> tuple[float, float] | None:
             if key not in _STATE_KEYS or not isinstance(value, torch.Tensor) or value.is_complex() \
                     or not value.is_floating_point() or value.device.type != "cpu":
                 return None
-            largest = float(value.abs().max()) if value.numel() else 0.0
+            largest = _largest_magnitude(value)
             if not math.isfinite(largest):
                 return None  # (a NaN in the state reaches the parameters: the pass after the step finds it)
             if key in ("exp_avg_sq", "max_exp_avg_sq"):
@@ -187,13 +187,14 @@ def _weights_bound(optimizer) -> float | None:
     adds `wd * p` to the gradient), read once; None where no group does (not needed)."""
     if type(optimizer) is not SGD or not any(group.get("weight_decay") for group in optimizer.param_groups):
         return None
-    largest = 0.0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.numel() and p.is_floating_point():
-                value = float(p.detach().abs().max())
-                largest = max(largest, value) if value == value else math.inf
-    return largest
+    return max((_largest_magnitude(p) for group in optimizer.param_groups for p in group["params"]
+                if p.is_floating_point()), default=0.0)
+
+
+def _largest_magnitude(t: torch.Tensor) -> float:
+    """max |t| (0 when empty); a NaN reads as Inf, so that it bounds nothing."""
+    largest = float(t.detach().abs().max()) if t.numel() else 0.0
+    return largest if largest == largest else math.inf
 
 
 def _sgd_direction(grown: _Grown, group: dict, grad_norm: float) -> float | None:

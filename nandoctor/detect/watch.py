@@ -27,10 +27,10 @@ import torch
 
 from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
-from nandoctor.detect.mode import stored_values
 from nandoctor.detect.observer import (NonFiniteFound, Observer, finite_metric, raised_at, ranks_train_together,
                                       refuses_values, speaks_of_nonfinite)
 from nandoctor.detect.provenance import SourceLocator
+from nandoctor.detect.records import stored_values
 from nandoctor.detect.result import WatchFinding
 
 

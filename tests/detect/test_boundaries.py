@@ -4,12 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import detect, watch
+from helpers import detect, line_in, watch
 from nandoctor.detect.result import StopReason
-
-
-def line_of(marker: str) -> int:
-    return next(n for n, text in enumerate(open(__file__).read().splitlines(), 1) if marker in text and "line_of" not in text)
 
 
 def _sparse_embedding_training(bad_step: int | None, steps: int = 3):
@@ -45,7 +41,7 @@ def test_near_miss_a_sparse_gradient_made_non_finite_stops_before_its_step():
     result = detect(train)
     assert result.stopped and result.detection.reason is StopReason.GRADIENT_BEFORE_STEP
     root = result.detection.root  # the hook's op: its record passes on through the sparse gradient
-    assert (root.op, root.phase, root.location.line) == ("aten.mul.Tensor", "backward", line_of("MARK-hook"))
+    assert (root.op, root.phase, root.location.line) == ("aten.mul.Tensor", "backward", line_in(__file__, "MARK-hook"))
     assert result.detector.state.step == 1  # (the first step applied, the second not)
 
 

@@ -13,11 +13,6 @@ from nandoctor.detect.observer import NonFiniteFound
 from nandoctor.detect.watch import StepWatcher
 
 
-def _watched(run) -> StepWatcher:
-    """`run()` under watch mode, to its end or to the finding that stopped it."""
-    return watch(run)
-
-
 def _complex_layer_training(bad_step: int | None):
     """A complex-valued layer (a spectral model's weights) with a real bias; its loss goes
     non-finite at `bad_step` (a zero magnitude divided by)."""
@@ -41,12 +36,12 @@ def _complex_layer_training(bad_step: int | None):
 
 def test_complex_gradients_that_go_non_finite_are_a_finding_not_a_crash():
     # (Their norm is recomputed in float64, which takes the magnitudes of complex values.)
-    finding = _watched(_complex_layer_training(bad_step=2)).finding()
+    finding = watch(_complex_layer_training(bad_step=2)).finding()
     assert finding is not None and finding.what == "loss" and finding.step == 2
 
 
 def test_near_miss_complex_gradients_that_stay_finite_run_clean():
-    assert _watched(_complex_layer_training(bad_step=None)).finding() is None
+    assert watch(_complex_layer_training(bad_step=None)).finding() is None
 
 
 def _nan_gradient_at_step_1(watch_gradients: bool = False, assign_gradients: bool = False) -> tuple[StepWatcher, torch.Tensor]:
@@ -122,7 +117,7 @@ def _plateau(val_losses) -> StepWatcher:
             opt.step()
             scheduler.step(val_loss)
 
-    return _watched(train)
+    return watch(train)
 
 
 def test_a_nan_metric_given_to_a_plateau_scheduler_is_a_finding():
@@ -151,7 +146,7 @@ def _accumulate(bad_micro_batch: int | None, skip_when_bad: bool = False) -> Ste
                     opt.zero_grad()  # the script throws this micro-batch's gradients away
             opt.step()
 
-    return _watched(train)
+    return watch(train)
 
 
 def test_an_earlier_micro_batchs_nan_loss_is_the_finding_not_only_its_gradients():
