@@ -103,13 +103,9 @@ def _data_as_it_came(record: Record) -> bool:
     return True
 
 
-def _a_metric(t: torch.Tensor, record: Record, no_parameters) -> bool:
-    """Is `t`, read back, a value that trains nothing (see `_born_as_a_metric`)? The loss
-    requires grad: read, it still stops the run."""
-    return not t.requires_grad and _born_as_a_metric(record, no_parameters)
 
 
-def _born_as_a_metric(record: Record, no_parameters) -> bool:
+def _born_as_a_metric(record: Record, no_parameters, with_graph: bool = False) -> bool:
     """Was `record`'s value born outside the model, without autograd, once training
     began? A validation metric logged as NaN (the precision of a class never predicted, a
     correlation over a constant batch, a MAPE over a zero target), a best-so-far ratio:
@@ -117,8 +113,14 @@ def _born_as_a_metric(record: Record, no_parameters) -> bool:
     a stop, as in watch mode. A NaN the model itself made or passed through (an op inside
     a module: an EMA model evaluated with the NaN weights an average wrote), and data that
     arrived bad, still stop the run there. A module called on its own that holds no
-    parameter (`no_parameters(name)`: a torchmetrics metric) is no model."""
-    if any(r.module is not None and not no_parameters(r.module) or r.node_seq is not None for r in lineage_of(record)):
+    parameter (`no_parameters(name)`: a torchmetrics metric) is no model.
+    `with_graph`: forward ops outside the model that built autograd nodes count too (a
+    MAPE of the live predictions, logged without `detach()`); a backward's never do."""
+    def made_by_the_model(r: Record) -> bool:
+        in_graph = r.node_seq is not None and (not with_graph or r.backward_node is not None)
+        return in_graph or r.module is not None and not no_parameters(r.module)
+
+    if any(made_by_the_model(r) for r in lineage_of(record)):
         return False
     root = birth_of(record)
     return root.phase == "forward" and not root.facts.entered and not root.facts.untracked_input
@@ -444,10 +446,14 @@ class Detector(Observer):
             record = self.recorder.existing_or_bare(t, "", self.recorder.phase(None, ()))
         # (A -inf mask or an allowed line's value may be printed; so may data that came in
         # with its NaN markers, `print(y[:5])` of a table with missing targets: looking at the
-        # data is no use of it, and what training does with it is checked where it trains.)
+        # data is no use of it, and what training does with it is checked where it trains.
+        # So may a metric born outside the model: without grad; or, where an optimizer
+        # trains, with grad too: a MAPE of the live predictions is logged and trains
+        # nothing, and were it the loss, its backward stops the run with the same root.)
         if not record.intended and not record.tested and not _data_as_it_came(record) \
                 and not self.locator.tests_finiteness(self.locator.user_frame()) \
-                and not self.amp.from_scaled_gradients(record) and not _a_metric(t, record, self._metric_module):
+                and not self.amp.from_scaled_gradients(record) \
+                and not _born_as_a_metric(record, self._metric_module, with_graph=self.state.optimizer_seen):
             self.stop(record, StopReason.READ_BACK)
 
     def metric_followed(self, metric) -> None:

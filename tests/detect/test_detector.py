@@ -318,9 +318,9 @@ class TestNoFalseAlarms:
         per_sample = torch.tensor([1.0, 2.0]) / torch.tensor([1.0, 0.0]) - torch.tensor([0.0, float("inf")])
         assert detect(lambda: print(np.mean(per_sample.numpy()))).stopped
 
-    def test_near_miss_a_non_finite_loss_read_to_be_logged_stops_the_run(self):
+    def test_near_miss_a_non_finite_loss_read_to_be_logged_stops_the_run_at_its_backward(self):
         result = self._skipping_bad_batches(read_to_test=False)
-        assert result.stopped and result.detection.reason is StopReason.READ_BACK
+        assert result.stopped and result.detection.reason is StopReason.LOSS
         assert result.detection.root.op == "aten.div.Tensor"
 
     @staticmethod
@@ -374,7 +374,7 @@ class TestMetricsTheScriptPrints:
     """A value computed without autograd, outside the model, once training began — a
     validation metric, a best-so-far ratio — trains nothing: printed or logged non-finite,
     it is listed as made, not a stop (as in watch mode). The model's own NaN, and the loss,
-    still stop the run when read."""
+    still stop the run: when read, or (the loss) at its backward."""
 
     @staticmethod
     def _train_then_evaluate(metric, model=None):
@@ -423,18 +423,50 @@ class TestMetricsTheScriptPrints:
             torch.nn.Linear(3, 4), LogHead()))
         assert result.stopped and result.detection.root.op == "aten.log.default"
 
-    def test_near_miss_the_loss_read_back_still_stops(self):
-        w = torch.nn.Parameter(torch.tensor([-1.0]))
-        opt = torch.optim.SGD([w], lr=0.1)
+    @staticmethod
+    def _mape_logged(backpropagated: bool):
+        """A MAPE of the live predictions (not detached) over targets that hold 0: +Inf.
+        Logged after the step as demand forecasts log it, or made the loss."""
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 3), torch.tensor([0.0, 1.0, 2.0, 3.0] * 2)
 
         def run():
+            for _ in range(2):
+                pred = F.softplus(model(x)).squeeze(-1)
+                mape = ((pred - y).abs() / y.abs()).mean() * 100  # MARK-mape
+                loss = mape if backpropagated else F.mse_loss(pred, y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                print(f"mape {mape.item():.2f}%")
+
+        return detect(run)
+
+    def test_a_metric_of_the_live_predictions_logged_without_detach_trains_nothing(self):
+        result = self._mape_logged(backpropagated=False)
+        assert not result.stopped
+        assert [d.op for d in result.detector.recorder.discarded()][:1] == ["aten.div.Tensor"]
+
+    def test_near_miss_the_same_metric_made_the_loss_stops_at_its_backward(self):
+        result = self._mape_logged(backpropagated=True)
+        assert result.stopped and result.detection.reason is StopReason.LOSS
+        root = result.detection.root
+        assert root.op == "aten.div.Tensor" and root.location.line == line_of("MARK-mape")
+
+    def test_near_miss_the_loss_read_back_before_its_backward_stops_there_with_the_same_root(self):
+        w = torch.nn.Parameter(torch.tensor([-1.0]))
+
+        def run():
+            opt = torch.optim.SGD([w], lr=0.1)
             loss = torch.log(w).sum()
             print(f"loss {loss.item()}")
             loss.backward()
             opt.step()
 
         result = detect(run)
-        assert result.stopped and result.detection.reason is StopReason.READ_BACK
+        assert result.stopped and result.detection.reason is StopReason.LOSS
+        assert result.detection.root.op == "aten.log.default"
 
     def test_a_nan_metric_the_learning_rate_follows_is_a_finding_rooted_where_it_was_made(self):
         model = torch.nn.Linear(3, 4)

@@ -474,7 +474,7 @@ def test_the_mode_is_back_on_after_a_backward_that_raised():
         y.register_hook(refuse)
         with pytest.raises(ValueError):
             y.sum().backward()
-        torch.log(w - 1).sum().item()  # a forward NaN read back: found op by op again
+        torch.log(w - 1).sum().backward()  # a forward NaN: found op by op again
 
     detected = detect(train)
     assert detected.stopped and detected.detection.root.op == "aten.log.default"
