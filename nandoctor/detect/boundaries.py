@@ -156,7 +156,7 @@ class BoundaryChecks:
         if not params or all_finite_sum(params):
             return
         for p in params:
-            if not bool(torch.isfinite(p).all()):
+            if not bool(torch.isfinite(p).all()) and not self._holds_only_its_constants(p):
                 record = self.recorder.bare("", p, "optimizer")
                 record.facts.parameter = self.recorder.parameter_ref(p, optimizer)
                 record.facts.optimizer = optimizer_name(optimizer)
@@ -164,11 +164,24 @@ class BoundaryChecks:
 
     def _check_parameters(self, optimizer) -> None:
         for p in _parameters(optimizer):
-            if p.is_floating_point() and not p.is_meta and not bool(torch.isfinite(p).all()):
+            if p.is_floating_point() and not p.is_meta and not bool(torch.isfinite(p).all()) \
+                    and not self._holds_only_its_constants(p):
                 record = self.recorder.existing_or_bare(p, "", "init" if not self.state.step else "optimizer")
                 record.facts.parameter = record.facts.parameter or self.recorder.parameter_ref(p, optimizer)
                 record.facts.parameter_before_step = True
                 self.stop(record, StopReason.PARAMETER_BEFORE_STEP)
+
+    def _holds_only_its_constants(self, p: torch.Tensor) -> bool:
+        """Are `p`'s non-finite values only infinities written into it on purpose (a CRF's
+        forbidden transitions, `self.trans[O, I] = float("-inf")` as the model is built),
+        no more of them than were written? Their gradient is 0 (logsumexp, softmax), so
+        Adam without decay and plain SGD leave them as they are; any NaN, or an Inf no
+        record covers, is the step's."""
+        records = self.recorder.records.all_of(p)
+        if not records or not all(r.intended and r.output is not None and not r.output.nan for r in records):
+            return False
+        written = sum(r.output.posinf + r.output.neginf for r in records)
+        return not bool(torch.isnan(p).any()) and int(torch.isinf(p).sum()) <= written
 
     def _stop_on_bad_gradient(self, optimizer) -> None:
         for p in _parameters(optimizer):

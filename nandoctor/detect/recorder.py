@@ -206,11 +206,13 @@ class Recorder:
         `c[i, j] = float("-inf")` into a `torch.zeros` matrix, a constraint matrix written
         entry by entry, is a `copy_` of a one-infinity sentinel into a mask being built: it
         passes the sentinel on. The same write into data (`X[7, 3] = inf` in a random or
-        loaded table) makes data that holds an Inf."""
+        loaded table) makes data that holds an Inf. Into a parameter or buffer while the
+        model is built (`self.trans[O, I] = float("-inf")` under no_grad: a CRF's forbidden
+        transition) it is a constant of the model, whatever its other values are."""
         source = None
         passed = args
         if base_name(func) == "copy_":
-            if not _a_mask_being_built(args[0]):
+            if not (_a_mask_being_built(args[0]) or self._a_model_constant_written(args[0])):
                 return None
             passed = args[1:]  # (copy_ overwrites `self`: only what it copies is passed on)
         for t in tensors_of((*passed, *kwargs.values())):
@@ -230,6 +232,13 @@ class Recorder:
         if source is None or bool(torch.isnan(out).any()):
             return None
         return source
+
+    def _a_model_constant_written(self, dest: torch.Tensor) -> bool:
+        """Is `dest` (a view just written) part of a parameter or buffer of a model being
+        built (its `__init__`, or between the model's making and its first call)?"""
+        whole = dest._base if dest._base is not None else dest
+        named = self._parameter_of(whole) is not None or self.modules.parameter_name(whole) is not None
+        return named and self.phase(None, (whole,)) == "init"
 
     def phase(self, node, args) -> str:
         """The phase of an op running now (see TrainingState.phase). Between `backward()`

@@ -51,6 +51,10 @@ class StepWatcher(Observer):
         self._scaled_loss = False
         self._optimizers: "weakref.WeakSet" = weakref.WeakSet()
         self._every_gradient = bool(run_settings.get("watch_gradients", False))
+        # Per parameter that held infinities before its optimizer's first step (a CRF's -inf
+        # forbidden transitions): where they were and what they were (see `_weights_clean`).
+        self._constants: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._first_steps_seen: "weakref.WeakSet" = weakref.WeakSet()
         self._hooks = TrainingHooks(self)
 
     def __enter__(self) -> "StepWatcher":
@@ -90,6 +94,9 @@ class StepWatcher(Observer):
 
     def before_optimizer_step(self, optimizer) -> None:
         self.optimizer_created(optimizer)
+        if optimizer not in self._first_steps_seen:
+            self._first_steps_seen.add(optimizer)
+            self._note_constants(optimizer)
         earlier, self._earlier = self._earlier, []
         grads = self._gradients_to_read(optimizer, loss_seen=self._loss is not None or bool(earlier))
         # (Both are 0-d and hold no graph: the loss kept detached, the norm clip measured.)
@@ -198,6 +205,18 @@ class StepWatcher(Observer):
                                           weights_clean=self._weights_clean())
         raise NonFiniteFound(f"the {what} is non-finite")
 
+    def _note_constants(self, optimizer) -> None:
+        """Once per optimizer, before its first step: the infinities its parameters were
+        built with (one pass over them)."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if _all_finite(params):
+            return
+        for p in params:
+            if p.is_floating_point() and not p.is_meta and not bool(torch.isnan(p).any()):
+                where = torch.isinf(p.detach())
+                if bool(where.any()):
+                    self._constants[id(p)] = (p, where, p.detach()[where].clone())
+
     def _weights_clean(self) -> bool | None:
         """Are the parameters finite now? (On the rare path only: one exact check.)
 
@@ -208,7 +227,17 @@ class StepWatcher(Observer):
         params = [p for opt in self._optimizers for g in opt.param_groups for p in g["params"]]
         if not params:
             return None
-        return _all_finite(params)
+        return all(_all_finite([p]) or self._holds_only_its_constants(p) for p in params)
+
+    def _holds_only_its_constants(self, p: torch.Tensor) -> bool:
+        """Are `p`'s non-finite values the infinities it held before training, where they
+        were (a constant of the model that training never touched)?"""
+        kept = self._constants.get(id(p))
+        if kept is None or kept[0] is not p:
+            return False
+        _, where, values = kept
+        now = p.detach()
+        return bool(torch.equal(~torch.isfinite(now), where)) and bool(torch.equal(now[where], values))
 
 
 def _all_finite(params) -> bool:

@@ -308,3 +308,45 @@ def test_non_finite_weights_of_an_average_are_found_when_its_state_dict_is_taken
 def test_near_miss_a_finite_average_taken_out_is_clean():
     watcher = _average_saved(lambda avg, p, n: avg + (p - avg) / (n + 1))
     assert watcher.finding() is None
+
+
+def _finished(watcher: StepWatcher, train) -> StepWatcher:
+    """`train()` under `watcher` and the check at the script's end, as `nandoctor run` does."""
+    try:
+        with watcher:
+            train()
+            watcher.finish()
+    except NonFiniteFound:
+        pass
+    return watcher
+
+
+def _forbidden_transition(changed_in_training: bool):
+    """A transition matrix built with one -inf entry (a forbidden CRF transition); its
+    gradient there is 0, so Adam keeps it. `changed_in_training`: a second -inf appears
+    in the weights during training, out of any loss's sight (the row is never used)."""
+    torch.manual_seed(0)
+    trans = torch.nn.Parameter(0.01 * torch.randn(3, 3))
+    with torch.no_grad():
+        trans[0, 2] = float("-inf")
+    opt = torch.optim.Adam([trans], lr=0.05)
+
+    def train():
+        for step in range(3):
+            opt.zero_grad()
+            torch.logsumexp(trans[:2].flatten(), 0).backward()
+            opt.step()
+            if changed_in_training and step == 1:
+                with torch.no_grad():
+                    trans[2, 0] = float("-inf")
+
+    return train
+
+
+def test_infinities_the_weights_held_before_training_and_still_hold_are_no_finding():
+    assert _finished(StepWatcher(load_config().run), _forbidden_transition(False)).finding() is None
+
+
+def test_near_miss_an_infinity_that_appears_in_the_weights_during_training_is_found_at_the_end():
+    finding = _finished(StepWatcher(load_config().run), _forbidden_transition(True)).finding()
+    assert finding is not None and finding.what == "parameters"
