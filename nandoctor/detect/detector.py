@@ -41,6 +41,7 @@ from nandoctor.detect.lineage import birth_of, explain
 from nandoctor.detect.allow import Allowances
 from nandoctor.detect.mode import CheckingMode, all_finite, checkable
 from nandoctor.detect.numpy_warnings import NumpyWarnings
+from nandoctor.detect import hidden_nan
 from nandoctor.detect.nodes import COMPILED_BACKWARD, GraphBuilt, NodeChecks, current_node
 from nandoctor.detect.ops import base_name
 from nandoctor.detect.observer import (NonFiniteFound, Observer, PeerStopped, StepLimitReached, finite_metric,
@@ -124,6 +125,12 @@ def _born_as_a_metric(record: Record, no_parameters, with_graph: bool = False) -
         return False
     root = birth_of(record)
     return root.phase == "forward" and not root.facts.entered and not root.facts.untracked_input
+
+
+def _made_integers_of(t: torch.Tensor, out) -> bool:
+    """Is `out` the integers an op made of `t` element for element (a cast: `y.long()`)?"""
+    return isinstance(out, torch.Tensor) and not (out.is_floating_point() or out.is_complex() or out.dtype == torch.bool) \
+        and out.shape == t.shape
 
 
 @contextlib.contextmanager
@@ -287,6 +294,7 @@ class Detector(Observer):
         self.modules = ModuleTracker()
         self.sites = NodeSites()
         self.records = RecordTable()
+        self.hidden_nans: dict = {}  # integers a cast made of NaN, while they live (see hidden_nan.py)
         self.flags = DeviceFlags(str(run_settings.get("device_flags", "auto")))
         self.passive = False  # True while nandoctor runs its own ops, and after a stop
         self.recorder = Recorder(self.state, self.locator, self.modules, self.sites, self.records,
@@ -490,14 +498,15 @@ class Detector(Observer):
     def carry(self, args, out) -> None:
         self.recorder.carry(args, out)
 
-    def absorbed(self, func, args, node=None) -> None:
+    def absorbed(self, func, args, node=None, out=None) -> None:
         """A checked op made only finite values (see `Recorder.absorbed`). Per op while
         records exist (a mask's, every step): a lookup, and nandoctor's own ops only for an
         input that holds a value made by accident. Unless the op handles non-finite values
         (`nan_to_num`, `isnan`, `nanmean`): a float16 overflow it absorbs stops the run where
         it overflowed (see `an_overflow`); a NaN it turns into finite values in forward (a
         cast to integers gives -2**63, a sampling grid clips it to the border) stops it
-        there: what follows computes with values that no longer show it."""
+        there: what follows computes with values that no longer show it. (Integers a cast
+        made stop the run where they are used, not where they are made: see hidden_nan.py.)"""
         made = [(t, r) for t in tensors_of(args) if (r := self.records.get(t)) is not None and not r.intended]
         if not made:
             return
@@ -515,8 +524,33 @@ class Detector(Observer):
             born = birth_of(record)
             if born.overflow:
                 self.stop(born, StopReason.OP_MADE_NAN if born.has_nan else StopReason.OP_MADE_INF)
-        if hidden:
+        if hidden and _made_integers_of(hidden_in := next(t for t, r in made if r is hidden), out):
+            with self.internal():
+                hidden_nan.hide(self.hidden_nans, out, torch.isnan(hidden_in), hidden, f"aten.{name}")
+        elif hidden:
             self.stop(hidden, StopReason.NAN_HIDDEN, hidden_by=f"aten.{name}")
+
+    def hidden_nans_taken(self, taken, passes_on: bool) -> None:
+        """An op is about to take integers a cast made of NaN (`taken`, see hidden_nan.py).
+        Unless it only passes values on (`passes_on`) and takes them first, it uses them:
+        a position that came from NaN stops the run at the NaN, before the op runs (a loss
+        given the label -2**63 raises over it)."""
+        if passes_on and len(taken) == 1 and taken[0][0] == 0:
+            return  # (see hidden_nans_passed_on)
+        with self.internal():
+            used = [entry for _, entry in taken if bool(entry.positions.any())]
+        if used:
+            self.stop(used[0].record, StopReason.NAN_HIDDEN, hidden_by=used[0].hidden_by)
+
+    def hidden_nans_passed_on(self, func, args, kwargs, out, taken) -> None:
+        """...and it ran, passing values on: the positions of `out` that came from NaN are
+        the op's own on the positions taken (`target[labelled]` keeps none: clean)."""
+        with self.internal():
+            positions = hidden_nan.positions_passed_on(func, (taken[0][1].positions, *args[1:]), kwargs, out)
+            if positions is not None and bool(positions.any()):
+                hidden_nan.hide(self.hidden_nans, out, positions, taken[0][1].record, taken[0][1].hidden_by)
+        if positions is None and bool(taken[0][1].positions.any()):  # (an op it cannot follow them through)
+            self.stop(taken[0][1].record, StopReason.NAN_HIDDEN, hidden_by=taken[0][1].hidden_by)
 
     def values_received(self, collective: str, received, sent: list) -> None:
         """A collective (`dist.all_reduce`, `all_gather`, `broadcast`) wrote what the ranks

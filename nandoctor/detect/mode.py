@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nandoctor.detect.ops import (OpKind, base_name, cast_widens, op_kind, value_outputs, written_arguments,
                                   writes_nonfinite_scalar, writes_undefined)
+from nandoctor.detect import hidden_nan
 from nandoctor.detect.records import stored_values
 
 _current_node = torch._C._current_autograd_node
@@ -145,6 +146,11 @@ class CheckingMode(TorchDispatchMode):
                 d.sites.note(seq, (own, d.modules.current))
             else:
                 d.sites.last_seq = seq  # (torch's own formulas: no line of the user's to give)
+        taken = None
+        if d.hidden_nans:  # integers a cast made of NaN live (see hidden_nan.py): this op may take them
+            taken = hidden_nan.taken_by(d.hidden_nans, args)
+            if taken:
+                d.hidden_nans_taken(taken, passes_on=kind is OpKind.PASSTHROUGH)  # (a use stops before it runs)
         inplace, before = kind is OpKind.CHECKED_INPLACE, None
         if inplace:
             before, kind = _before(args), OpKind.CHECKED
@@ -153,6 +159,8 @@ class CheckingMode(TorchDispatchMode):
         except Exception as error:  # (free when nothing is raised)
             d.op_raised(error, base_name(func), args)
             raise
+        if taken:
+            d.hidden_nans_passed_on(func, args, kwargs, out, taken)
         if kind is OpKind.CHECKED:
             if not (d.flags.enabled and self._deferred(func, args, out, node, created)):
                 self._check(func, args, kwargs, out, node, created, inplace, before)
@@ -210,7 +218,7 @@ class CheckingMode(TorchDispatchMode):
             elif inplace and d.records:
                 d.absorbed_in_place(args, out)  # (a GRU's sigmoid_ of +inf is 1: no one dropped it)
             elif d.records:
-                d.absorbed(func, args, node)  # (exp(-inf) = 0: a recorded Inf went in, none came out)
+                d.absorbed(func, args, node, out)  # (exp(-inf) = 0: a recorded Inf went in, none came out)
             return
         if out is None and args:  # (`_foreach_*_` ops and fused optimizer steps return nothing)
             out = written_arguments(func, args)

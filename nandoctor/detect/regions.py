@@ -251,8 +251,9 @@ class ModuleRegions:
         depth = _modes_on_stack()
         if not depth or _mode_at(depth - 1) is not d.mode:
             return None  # the mode is off already (optimizer, data), or a script's mode is above ours
+        hidden = d.hidden_nans  # (integers a cast made of NaN: their use is seen op by op, see hidden_nan.py)
         for a in args:
-            if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or not self._checkable(a)):
+            if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN or not self._checkable(a) or hidden and id(a) in hidden):
                 return None
         random_state = _cpu_generator.get_state() if draws_random else None
         self.open = _Open(called, random_state, d.locator.user_frame(1), _sequence_nr(), _thread_id())

@@ -1457,8 +1457,9 @@ class TestMasksOverValuesMadeByAccident:
 class TestNanHidden:
     """An op that turns a NaN into finite values hides it: a cast to integers (a missing
     class label read from a CSV as NaN becomes -2**63), a sampling grid that clips NaN
-    coordinates to the border. The run stops there, rooted where the NaN was made; an op
-    that handles NaN (`nan_to_num`, `isnan`, `nanmean`) does not hide it, it handles it."""
+    coordinates to the border. The run stops there (for integers, where they are used: see
+    test_hidden_nan.py), rooted where the NaN was made; an op that handles NaN
+    (`nan_to_num`, `isnan`, `nanmean`) does not hide it, it handles it."""
 
     @staticmethod
     def _labels(handled: bool):
@@ -1469,7 +1470,8 @@ class TestNanHidden:
 
         def read():
             labels = torch.from_numpy(y)  # MARK-labels-entered
-            return (torch.nan_to_num(labels, nan=0.0) if handled else labels).long()
+            classes = (torch.nan_to_num(labels, nan=0.0) if handled else labels).long()
+            return F.cross_entropy(torch.zeros(20, 2), classes)  # (where the integers are used)
 
         return read
 
