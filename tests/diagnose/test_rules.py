@@ -716,6 +716,26 @@ def test_near_miss_a_mean_of_squares_with_no_mean_taken_out_is_a_plain_division_
     assert cause_of(_layer_norm_by_hand_over_a_blank_row(rms_only=True)).id == "div_by_zero"
 
 
+def test_a_variance_as_sums_of_squares_minus_a_squared_sum_is_a_zero_variance():
+    # A negative-Pearson loss (rPPG) against a reference pulse that is flat: N*Σy² - (Σy)² = 0.
+    preds = torch.randn(2, 16, requires_grad=True)
+    labels = torch.stack([torch.randn(16), torch.zeros(16)])
+
+    def neg_pearson():
+        n = preds.shape[1]
+        sum_x, sum_y = preds.sum(1), labels.sum(1)
+        sum_x2, sum_y2, sum_xy = (preds ** 2).sum(1), (labels ** 2).sum(1), (preds * labels).sum(1)
+        pearson = (n * sum_xy - sum_x * sum_y) / torch.sqrt((n * sum_x2 - torch.pow(sum_x, 2)) * (n * sum_y2 - torch.pow(sum_y, 2)))
+        return (1 - pearson).mean()
+
+    assert cause_of(neg_pearson).id == "zero_variance"
+
+
+def test_near_miss_a_difference_of_squares_that_is_no_spread_is_a_division_by_zero():
+    v = torch.tensor([0.5, 1.0], requires_grad=True)  # a speed at c: the Lorentz factor
+    assert cause_of(lambda: (1 / torch.sqrt(1 - v ** 2)).sum()).id == "div_by_zero"
+
+
 @pytest.mark.parametrize("eps, cause_id", [(0.0, "zero_variance"), (1e-5, None)])
 def test_a_layer_norm_without_epsilon_over_zero_padded_frames_divides_by_a_zero_variance(eps, cause_id):
     frames = torch.randn(2, 5, 6)

@@ -315,8 +315,15 @@ def _divides_by_a_spread(ev: Evidence) -> bool:
 
 
 # A variance written out: the mean of squared deviations (`(h - u).pow(2).mean(-1)`,
-# `((x - mu) ** 2).mean()`), whatever the names (ConvNeXt's LayerNorm calls it `s`).
-_VARIANCE_BY_HAND = re.compile(r"\([^()]*-[^()]*\)\s*(?:\*\*\s*2|\.pow\(\s*2\s*\)|\.square\(\s*\))\s*\)?\s*\.mean\(")
+# `((x - mu) ** 2).mean()`), whatever the names (ConvNeXt's LayerNorm calls it `s`); or
+# the square of a sum or mean taken from a sum of squares (`N * sum_x2 - torch.pow(sum_x,
+# 2)` in a Pearson correlation, `ex2 - mu ** 2`, `(x**2).mean() - x.mean() ** 2`). Not any
+# difference of squares: `1 - v ** 2` is no spread.
+_SUM_LIKE = r"[\w.\[\]]*(?:sum|mean|avg|\bmu\b|\bm\b)[\w.\[\]]*(?:\([^()]*\))?"
+_VARIANCE_BY_HAND = re.compile(
+    r"\([^()]*-[^()]*\)\s*(?:\*\*\s*2|\.pow\(\s*2\s*\)|\.square\(\s*\))\s*\)?\s*\.mean\("
+    r"|-\s*(?:torch\.(?:pow|square)\(\s*" + _SUM_LIKE + r"\s*(?:,\s*2\s*)?\)"
+    r"|" + _SUM_LIKE + r"\s*(?:\*\*\s*2|\.pow\(\s*2\s*\)|\.square\(\s*\)))")
 
 
 def _divides_by_a_range(ev: Evidence) -> bool:
