@@ -127,6 +127,11 @@ def _born_as_a_metric(record: Record, no_parameters, with_graph: bool = False) -
     return root.phase == "forward" and not root.facts.entered and not root.facts.untracked_input
 
 
+# Ops a script writes to replace non-finite values on purpose (`nan_to_num(torch.log(p),
+# neginf=-100)`, BCELoss's clamp written by hand): a guard, as a `where` is one.
+_REPLACES_NONFINITE = {"nan_to_num", "nan_to_num_"}
+
+
 def _made_integers_of(t: torch.Tensor, out) -> bool:
     """Is `out` the integers an op made of `t` element for element (a cast: `y.long()`)?"""
     return isinstance(out, torch.Tensor) and not (out.is_floating_point() or out.is_complex() or out.dtype == torch.bool) \
@@ -517,6 +522,8 @@ class Detector(Observer):
                 if tests_finiteness(name, args):
                     for _, record in made:
                         record.tested = True
+                if name in _REPLACES_NONFINITE:
+                    self.recorder.replaced(made)
                 return
             hidden = node is None and next((r for t, r in made if r.has_nan and not _born_as_a_metric(r, self._metric_module)
                                             and bool(torch.isnan(t).any())), None)

@@ -431,6 +431,14 @@ class Recorder:
             if not all_finite(t):
                 _mark_births(record, "absorbed")
 
+    def replaced(self, inputs: list[tuple[torch.Tensor, Record]]) -> None:
+        """A guard of the script's (`nan_to_num`) replaced recorded non-finite values with
+        finite ones: dropped on purpose, as a `where` drops them (`masked`), so a NaN that
+        backward still makes through them is a masked leak, fixed before the op."""
+        for t, record in inputs:
+            if not all_finite(t):
+                _mark_births(record, "masked")
+
     def absorbed_in_place(self, args, out: torch.Tensor) -> None:
         """An in-place math op made finite values of recorded non-finite ones, over them (a
         GRU's `sigmoid_` of +inf is 1). Nothing of the script's dropped them: where they

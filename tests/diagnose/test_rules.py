@@ -443,6 +443,20 @@ class TestDivision:
         assert cause.id == "masked_inf_gradient_leak" and "`log`" in cause.explanation
         assert "torch.log(torch.where(valid, p, 1.0))" in cause.fix  # the double where, written for log
 
+    def test_a_log_of_zero_replaced_by_nan_to_num_leaks_into_the_gradient_as_a_masked_inf(self):
+        # BCELoss's clamp at -100 written by hand: the forward is finite, log's backward is
+        # 1/0 times the zero gradient nan_to_num gives the replaced position.
+        logits = torch.nn.Parameter(torch.tensor([0.0, 200.0, -3.0]))
+        y = torch.tensor([1.0, 0.0, 0.0])
+
+        def bce():
+            p = torch.sigmoid(logits)  # sigmoid(200) is exactly 1: log(1 - p) is log(0)
+            return -(y * torch.nan_to_num(torch.log(p), neginf=-100.0)
+                     + (1 - y) * torch.nan_to_num(torch.log(1 - p), neginf=-100.0)).mean()
+
+        cause = cause_of(train_steps(bce, [logits]))
+        assert cause.id == "masked_inf_gradient_leak" and "`log`" in cause.explanation
+
     def test_an_inf_a_grus_gates_saturate_on_is_the_division_that_made_it_not_a_mask(self, tmp_path):
         # A price of 0 makes a ratio of x/0; the GRU's in-place sigmoid_ and tanh_ turn it
         # into 1, so the loss stays finite and only the weights' gradient is NaN. Nothing of
