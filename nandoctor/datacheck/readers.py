@@ -584,15 +584,24 @@ def _widened_types(path: str, parse):
 
 
 def _check_batches(ctx: FileContext, batches) -> None:
-    """Check each numeric column of a stream of record batches with one checker per column."""
+    """Check each numeric column of a stream of record batches with one checker per column,
+    nested ones included: a struct's fields (`meta.score`) and the values of a list column
+    (`embedding[]`, an embedding stored per row), each a column of its own."""
     schema = batches.schema
-    checkers = {f.name: ArrayChecker(None, _numpy_dtype(f.type), options=ctx.options,
-                                     is_label=looks_like_label(f.name))
-                for f in schema if _numpy_dtype(f.type) is not None}
+    checkers: dict[str, ArrayChecker] = {}
+    offsets: dict[str, int] = {}
     rows = 0
     for batch in batches:
-        for name, checker in checkers.items():
-            _feed_column(checker, batch.column(schema.get_field_index(name)), rows)
+        for arrow_field, column in zip(schema, batch.columns):
+            for key, values in _leaf_columns(column, arrow_field.name):
+                checker = checkers.get(key)
+                if checker is None:
+                    checker = checkers[key] = ArrayChecker(None, _numpy_dtype(values.type), options=ctx.options,
+                                                           is_label=looks_like_label(key))
+                # (a top-level column's positions are rows; a nested one's count its values)
+                offset = offsets.get(key, rows if key == arrow_field.name else 0)
+                _feed_column(checker, values, offset)
+                offsets[key] = offset + len(values)
         rows += batch.num_rows
         if ctx.on_bytes is not None:
             ctx.on_bytes(batch.nbytes)
@@ -601,6 +610,21 @@ def _check_batches(ctx: FileContext, batches) -> None:
         return
     for name, checker in checkers.items():
         ctx.add(name, checker.findings())
+
+
+def _leaf_columns(column, key: str):
+    """(key, numeric array) for `column` and whatever it nests: struct fields by name, the
+    values of list, large-list and fixed-size-list columns under `key[]`."""
+    import pyarrow as pa
+
+    kind = column.type
+    if pa.types.is_struct(kind):
+        for i in range(kind.num_fields):
+            yield from _leaf_columns(column.field(i), f"{key}.{kind.field(i).name}")
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        yield from _leaf_columns(column.flatten(), f"{key}[]")
+    elif _numpy_dtype(kind) is not None:
+        yield key, column
 
 
 def _numpy_dtype(arrow_type) -> np.dtype | None:
@@ -833,6 +857,9 @@ def read_hdf5(ctx: FileContext) -> None:
 
 
 def _check_h5_dataset(ctx: FileContext, dataset) -> None:
+    if dataset.dtype.fields is not None:
+        _check_h5_fields(ctx, dataset)
+        return
     if not is_checkable(dataset.dtype):
         return
     if dataset.shape is None:  # an HDF5 "null" dataspace: no data at all
@@ -843,6 +870,23 @@ def _check_h5_dataset(ctx: FileContext, dataset) -> None:
         return dataset[()] if start is None else dataset[start:stop]
 
     ctx.check_rows(dataset.name, read_rows, dataset.shape, dataset.dtype)
+
+
+def _check_h5_fields(ctx: FileContext, dataset) -> None:
+    """A compound dataset (a table of records, as pandas' and PyTables' writers store
+    them): each numeric field is its own array, `/table.x`, as a structured .npy's are."""
+    if dataset.shape is None:
+        ctx.problem(dataset.name, "empty", "dataset has a null dataspace")
+        return
+    for name in dataset.dtype.names:
+        field = dataset.dtype.fields[name][0]  # (a field may hold a subarray: `('x', 'f4', (3,))`)
+        if not is_checkable(field.base):
+            continue
+
+        def read_rows(start, stop, name=name):
+            return np.asarray((dataset[()] if start is None else dataset[start:stop])[name])
+
+        ctx.check_rows(f"{dataset.name}.{name}", read_rows, dataset.shape + field.shape, field.base)
 
 
 # ---- helpers ----------------------------------------------------------------------------

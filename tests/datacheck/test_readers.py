@@ -467,6 +467,30 @@ def test_parquet_column_with_nan_is_reported_by_column_name(tmp_path):
     assert (problem.key, problem.check, problem.positions) == ("x", "nan", [(2,)])
 
 
+def test_nested_parquet_columns_are_checked_field_by_field_and_value_by_value(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({
+        "embedding": pa.array([[0.1, 0.2], [0.3, float("nan")], [0.5, 0.6]], pa.list_(pa.float32())),
+        "pair": pa.array([[1.0, 2.0], [3.0, 4.0], [float("inf"), 6.0]], pa.list_(pa.float64(), 2)),
+        "meta": pa.array([{"score": 1.0, "tag": "a"}, {"score": float("nan"), "tag": "b"}, {"score": 3.0, "tag": "c"}]),
+    })
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
+    found = {(p.key, p.check, tuple(p.positions)) for p in problems_of(tmp_path / "t.parquet")}
+    assert found == {("embedding[]", "nan", ((3,),)), ("pair[]", "inf", ((4,),)), ("meta.score", "nan", ((1,),))}
+
+
+def test_near_miss_finite_nested_parquet_columns_are_clean(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({"embedding": pa.array([[0.1, 0.2], [0.3, 0.4]], pa.list_(pa.float32())),
+                      "meta": pa.array([{"score": 1.0}, {"score": 2.0}])})
+    pq.write_table(table, tmp_path / "t.parquet")
+    assert problems_of(tmp_path / "t.parquet") == []
+
+
 def test_parquet_with_no_rows_is_empty(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -559,6 +583,19 @@ def test_hdf5_nested_dataset_with_nan_is_reported_with_its_path(tmp_path):
         f["names"] = np.array([b"a", b"b"])
     (problem,) = problems_of(tmp_path / "d.h5", chunk_bytes=64)
     assert (problem.key, problem.check, problem.positions) == ("/train/features", "nan", [(25, 1)])
+
+
+def test_hdf5_compound_dataset_fields_are_checked_one_by_one(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    records = np.zeros(6, dtype=[("x", "f4"), ("xyz", "f8", (3,)), ("name", "S4")])
+    records["x"], records["xyz"] = np.arange(6), np.arange(18).reshape(6, 3)
+    records["x"][4] = np.nan
+    records["xyz"][2, 1] = -np.inf
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["table"] = records
+        f["clean"] = np.array([(1.0,), (2.0,), (3.0,)], dtype=[("y", "f4")])
+    found = {(p.key, p.check, tuple(p.positions)) for p in problems_of(tmp_path / "d.h5", chunk_bytes=64)}
+    assert found == {("/table.x", "nan", ((4,),)), ("/table.xyz", "inf", ((2, 1),))}
 
 
 def test_clean_hdf5_has_no_problems(tmp_path):
