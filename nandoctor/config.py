@@ -60,7 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "check_data": {
         # which checks fail the command (exit 3), which are printed as warnings; a check in
         # neither list is not reported at all.
-        "errors": ["nan", "inf", "empty", "unreadable", "label_range"],
+        "errors": ["nan", "inf", "empty", "unreadable", "label_range", "non_numeric"],
         "warnings": ["constant", "fp16_range", "not_checked"],
         # positions listed per problem.
         "max_positions": 5,
@@ -78,7 +78,8 @@ DEFAULTS: dict[str, Any] = {
 
 
 # The checks `check_data.errors` and `check_data.warnings` may name.
-DATA_CHECKS = ("nan", "inf", "constant", "fp16_range", "empty", "unreadable", "label_range", "not_checked")
+DATA_CHECKS = ("nan", "inf", "constant", "fp16_range", "empty", "unreadable", "label_range", "non_numeric",
+               "not_checked")
 # Counts that cannot be negative.
 NON_NEGATIVE = (("run", "history"), ("run", "context_lines"), ("run", "max_steps"),
                 ("check_data", "max_positions"), ("check_data", "workers"), ("ci", "max_annotations"))

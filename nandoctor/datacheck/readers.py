@@ -568,10 +568,20 @@ def _read_csv_arrow(ctx: FileContext, delimiter: str) -> None:
         if "conversion error" not in str(exc):
             raise ctx.refused(not looks_binary(ctx.head()), f"not a valid table: {_one_line(exc)}") from None
         # The streaming reader guesses column types from the first block; a later block
-        # that disagrees (1.5 in a column of ints) is read again with ints widened to float.
+        # that disagrees (1.5 in a column of ints) is read again with ints widened to float;
+        # one that still disagrees (a stray `?` in a column of floats) as text, every
+        # column, each then read as numbers where it holds numbers (see _NumbersInText).
         ctx.problems.clear()
-        _check_batches(ctx, pacsv.open_csv(ctx.path, parse_options=parse,
-                                           convert_options=_widened_types(ctx.path, parse)))
+        try:
+            _check_batches(ctx, pacsv.open_csv(ctx.path, parse_options=parse,
+                                               convert_options=_widened_types(ctx.path, parse)))
+        except pa.ArrowInvalid as again:
+            if "conversion error" not in str(again):
+                raise
+            ctx.problems.clear()
+            names = pacsv.open_csv(ctx.path, parse_options=parse).schema.names
+            as_text = pacsv.ConvertOptions(column_types={name: pa.string() for name in names})
+            _check_batches(ctx, pacsv.open_csv(ctx.path, parse_options=parse, convert_options=as_text))
 
 
 def _widened_types(path: str, parse):
@@ -587,12 +597,21 @@ def _check_batches(ctx: FileContext, batches) -> None:
     """Check each numeric column of a stream of record batches with one checker per column,
     nested ones included: a struct's fields (`meta.score`) and the values of a list column
     (`embedding[]`, an embedding stored per row), each a column of its own."""
+    import pyarrow as pa
+
     schema = batches.schema
     checkers: dict[str, ArrayChecker] = {}
     offsets: dict[str, int] = {}
+    texts: dict[str, _NumbersInText] = {}
     rows = 0
     for batch in batches:
         for arrow_field, column in zip(schema, batch.columns):
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                text = texts.get(arrow_field.name)
+                if text is None:
+                    text = texts[arrow_field.name] = _NumbersInText(arrow_field.name, ctx.options)
+                text.feed(column.to_pylist())
+                continue
             for key, values in _leaf_columns(column, arrow_field.name):
                 checker = checkers.get(key)
                 if checker is None:
@@ -610,6 +629,80 @@ def _check_batches(ctx: FileContext, batches) -> None:
         return
     for name, checker in checkers.items():
         ctx.add(name, checker.findings())
+    for name, text in texts.items():
+        ctx.add(name, text.findings())
+
+
+class _NumbersInText:
+    """A text column that holds numbers but for a few cells (`?`, `n/a*`, `1,5`): pandas
+    reads it as text (object), and the script's `astype(float)` raises on those cells, or
+    `pd.to_numeric(errors="coerce")` makes NaN of them. Its cells are read as numbers one
+    by one (empty cells and NA markers are missing values, NaN, as in a numeric column),
+    the numbers checked as a numeric column's are, and the cells that are no number are
+    `non_numeric`. A column where more than a tenth of the cells (and more than one) are
+    no number is text: given up on (from its first thousand cells on, so a long text
+    column costs little)."""
+
+    _TEXT_SHARE = 0.1
+    _DECIDE_AFTER = 1000
+
+    def __init__(self, key: str, options: CheckOptions) -> None:
+        self.key, self.options = key, options
+        self.checker = ArrayChecker(None, np.dtype(np.float64), options=options, is_label=looks_like_label(key))
+        self.offset = self.numbers = self.bad = 0
+        self.bad_positions: list[tuple[int]] = []
+        self.examples: list[str] = []
+        self.is_text = False
+
+    def feed(self, cells: list) -> None:
+        if self.is_text:
+            return
+        values = np.empty(len(cells), dtype=np.float64)
+        for i, cell in enumerate(cells):
+            number = _number_in(cell)
+            if number is None:
+                self._not_a_number(cell, self.offset + i)
+                number = 0.0  # (a finite stand-in keeps the other cells' positions)
+            else:
+                self.numbers += 1
+            values[i] = number
+        self.checker.feed(values, self.offset)
+        self.offset += len(cells)
+        if self.offset >= self._DECIDE_AFTER and self._mostly_text():
+            self.is_text = True
+
+    def _mostly_text(self) -> bool:
+        return self.bad > max(1, self._TEXT_SHARE * self.offset)
+
+    def _not_a_number(self, cell, position: int) -> None:
+        self.bad += 1
+        if len(self.bad_positions) < self.options.max_positions:
+            self.bad_positions.append((position,))
+        if len(self.examples) < 3 and repr(cell) not in self.examples:
+            self.examples.append(repr(cell))
+
+    def findings(self) -> list[Finding]:
+        if self.is_text or not self.numbers or self._mostly_text():
+            return []
+        found = self.checker.findings()
+        if self.bad:
+            found.append(Finding(
+                "non_numeric", self.bad,
+                f"{self.bad} of {self.offset} cells are not numbers in a column of numbers ({', '.join(self.examples)}): "
+                "pandas reads the column as text; `astype(float)` raises on them, `pd.to_numeric(errors='coerce')` "
+                "makes them NaN", self.bad_positions))
+        return found
+
+
+def _number_in(cell) -> float | None:
+    """A CSV cell as a number (NaN for an empty cell or an NA marker), or None."""
+    text = (cell or "").strip()
+    if not text or text.upper() in ("NA", "N/A", "NULL", "NONE"):
+        return math.nan
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _leaf_columns(column, key: str):

@@ -613,3 +613,37 @@ def test_missing_optional_library_gives_not_checked_with_install_hint(tmp_path, 
     monkeypatch.setitem(sys.modules, "h5py", None)  # makes `import h5py` raise ImportError
     (problem,) = problems_of(tmp_path / "d.h5")
     assert problem.check == "not_checked" and "pip install 'nandoctor[data]'" in problem.detail
+
+
+# ---- numbers in text ---------------------------------------------------------------------
+
+def _csv_with_a_stray_cell(tmp_path, rows: int, stray: str | None, at: int):
+    """A numeric `price` column with one cell `stray` at data row `at`, beside a text column."""
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "t.csv"
+    with open(path, "w") as f:
+        f.write("name,price\n")
+        for i in range(rows):
+            price = stray if i == at and stray is not None else f"{1.5 + i % 7}"
+            f.write(f"item{i},{price}\n")
+    return path
+
+
+@pytest.mark.parametrize("rows, at", [(3, 1), (200_000, 150_000)])  # (in the first block, and far past it)
+def test_a_stray_cell_in_a_column_of_numbers_is_named_and_the_rest_still_checked(tmp_path, rows, at):
+    path = _csv_with_a_stray_cell(tmp_path, rows, "?", at)
+    (problem,) = problems_of(path)
+    assert (problem.key, problem.check, problem.count, problem.positions) == ("price", "non_numeric", 1, [(at,)])
+    assert "'?'" in problem.detail
+
+
+def test_a_nan_beside_the_stray_cell_is_still_found(tmp_path):
+    pytest.importorskip("pyarrow")
+    (tmp_path / "t.csv").write_text("name,price\na,1.5\nb,?\nc,nan\nd,2.5\ne,3.0\n")
+    found = {(p.key, p.check, tuple(p.positions)) for p in problems_of(tmp_path / "t.csv")}
+    assert found == {("price", "non_numeric", ((1,),)), ("price", "nan", ((2,),))}
+
+
+def test_near_miss_a_text_column_is_text_not_numbers_with_stray_cells(tmp_path):
+    path = _csv_with_a_stray_cell(tmp_path, 20, None, 0)
+    assert problems_of(path) == []  # (`name`: item0, item1, ... is text)
