@@ -189,6 +189,8 @@ def resolve_config(value: str | Path | None) -> Path | None:
     if _is_preset_name(text):
         if text in presets():
             return PRESETS_DIR / f"{text}.yaml"
+        if Path(text).is_dir():
+            raise ConfigError(f"--config '{text}' is a directory, not a YAML file")
         if not Path(text).is_file():
             known = ", ".join(presets()) or "none"
             raise ConfigError(f"unknown config preset '{text}' and no such file (presets: {known})")

@@ -198,6 +198,7 @@ class ScriptRunner:
         module = types.ModuleType("__main__")
         module.__file__ = file
         module.__builtins__ = sys.modules["builtins"]
+        module.__annotations__ = {}  # (python's own __main__ starts with it: `print(__annotations__)` works)
         module.__spec__ = spec
         module.__loader__ = loader
         module.__cached__ = None
@@ -313,11 +314,13 @@ def _script_loader(path: str):
 
 
 def _system_exit_status(exc: SystemExit) -> int:
+    """The status the process ends with, as the system sees python's: `sys.exit(256)` is 0,
+    `sys.exit(-1)` is 255, `sys.exit(True)` is 1 (a number in the report, never a bool)."""
     code = exc.code
     if code is None:
         return 0
     if isinstance(code, int):
-        return code
+        return int(code) & 0xFF
     print(code, file=sys.stderr)  # python prints a non-int exit value and exits 1
     return 1
 

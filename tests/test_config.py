@@ -99,6 +99,13 @@ def test_an_unknown_preset_name_is_a_config_error_listing_the_presets(tmp_path, 
         load_config("ci.yaml")
 
 
+def test_a_directory_given_as_config_is_named_as_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "settings").mkdir()
+    with pytest.raises(ConfigError, match="'settings' is a directory, not a YAML file"):
+        load_config("settings")
+
+
 def test_a_bare_name_that_is_a_file_is_still_read_as_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine").write_text("run:\n  max_steps: 7\n")

@@ -251,11 +251,19 @@ class TestInProcess:
         assert os.getcwd() == str(tmp_path)
         assert sys.argv == argv and sys.modules["__main__"] is main
 
-    @pytest.mark.parametrize("exit_value, status", [("None", 0), ("0", 0), ("4", 4), ("'bye'", 1)])
+    @pytest.mark.parametrize("exit_value, status", [("None", 0), ("0", 0), ("4", 4), ("'bye'", 1), ("256", 0),
+                                                    ("-1", 255), ("True", 1)])
     def test_system_exit_status_passes_through_as_python_gives_it(self, script, exit_value, status):
         runner = ScriptRunner(str(script("exit.py", f"import sys\nsys.exit({exit_value})\n")), [])
         runner.prepare()
-        assert runner.run().exit_code == status
+        code = runner.run().exit_code
+        assert code == status and type(code) is int  # (the status the system sees; the report's number)
+
+    def test_the_scripts_main_module_has_the_annotations_python_gives_it(self, script):
+        runner = ScriptRunner(str(script("ann.py", "assert __annotations__ == {}\nx: int = 1\n"
+                                                   "assert __annotations__ == {'x': int}\n")), [])
+        runner.prepare()
+        assert runner.run().exit_code == 0
 
     def test_a_missing_script_is_a_usage_error(self, tmp_path):
         with pytest.raises(UsageError, match="no such file"):
