@@ -89,7 +89,9 @@ class ArrayChecker:
 
     def __init__(self, shape: Sequence[int] | None, dtype: np.dtype | None = None, *,
                  order: str = "C", options: CheckOptions = CheckOptions(),
-                 is_label: bool = False, allow_constant: bool = True) -> None:
+                 is_label: bool = False, allow_constant: bool = True, columns: bool = False) -> None:
+        """`columns`: a 2-D array is a table of examples by features (a .npy of features,
+        not a checkpoint's weight), whose constant columns are said (see _ChannelRanges)."""
         self.shape = tuple(shape) if shape is not None else None  # None: 1-D, length unknown
         self.dtype = np.dtype(dtype) if dtype is not None else None
         self.order = order
@@ -104,7 +106,8 @@ class ArrayChecker:
         self.label_lo: int | None = None
         self.label_hi: int | None = None
         self.positions: dict[str, list[int]] = {"nan": [], "inf": [], "fp16_range": [], "label_range": []}
-        self.channels = _ChannelRanges.of(self.shape, self.dtype, order) if allow_constant else None
+        self.channels = _ChannelRanges.of(self.shape, self.dtype, order, columns=columns and not is_label) \
+            if allow_constant else None
 
     # ---- feeding -------------------------------------------------------------------------
 
@@ -286,11 +289,11 @@ def _fmt_pos(pos: tuple[int, ...]) -> str:
 
 
 def check_array(array: np.ndarray, *, options: CheckOptions = CheckOptions(), is_label: bool = False,
-                allow_constant: bool = True, on_bytes=None) -> list[Finding]:
+                allow_constant: bool = True, columns: bool = False, on_bytes=None) -> list[Finding]:
     """All checks on one in-memory or memory-mapped array, chunk by chunk."""
     order, chunks = flat_chunks(array, options.chunk_bytes)
     checker = ArrayChecker(array.shape, array.dtype, order=order, options=options,
-                           is_label=is_label, allow_constant=allow_constant)
+                           is_label=is_label, allow_constant=allow_constant, columns=columns)
     for chunk, offset in chunks:
         checker.feed(chunk, offset)
         if on_bytes is not None:
@@ -317,14 +320,21 @@ def channel_axis(shape: Sequence[int]) -> int | None:
     return 1 if nchw else 3
 
 
+# A table of examples by features is read as one when it has at most this many columns.
+_MAX_COLUMNS = 4096
+
+
 class _ChannelRanges:
-    """The per-channel range of an image batch, fed as flat chunks are: `constant` for the
-    channels that hold one value. Per-channel normalisation (`(x - mean[c]) / std[c]`, as
-    torchvision's Normalize with statistics computed from the data) divides by a zero std
-    there. Reported only for an array that is finite and not constant as a whole (those are
-    reported already)."""
+    """The per-channel range of an image batch, or the per-column range of a table of
+    examples by features, fed as flat chunks are: `constant` for the channels or columns
+    that hold one value. Per-channel normalisation (`(x - mean[c]) / std[c]`, as
+    torchvision's Normalize with statistics computed from the data) and per-feature
+    standardisation divide by a zero std there. Reported only for an array that is finite
+    and not constant as a whole (those are reported already)."""
 
     def __init__(self, shape: tuple, axis: int, order: str) -> None:
+        self.table = len(shape) == 2
+        self.rows = shape[0]
         self.axis = axis
         self.count = shape[axis]
         # Flat indices run through one channel `stride` at a time.
@@ -333,8 +343,10 @@ class _ChannelRanges:
         self.hi = np.full(self.count, -np.inf)
 
     @classmethod
-    def of(cls, shape, dtype, order: str) -> "_ChannelRanges | None":
+    def of(cls, shape, dtype, order: str, columns: bool = False) -> "_ChannelRanges | None":
         axis = channel_axis(shape) if shape is not None else None
+        if axis is None and columns and len(shape or ()) == 2 and shape[0] >= 2 and 2 <= shape[1] <= _MAX_COLUMNS:
+            axis = 1
         if axis is None or dtype is None or dtype.kind not in "fiu" or order not in ("C", "F"):
             return None
         return cls(shape, axis, order)
@@ -362,6 +374,12 @@ class _ChannelRanges:
         dead = [int(c) for c in np.flatnonzero(self.lo == self.hi)]
         if not dead:
             return []
+        if self.table:
+            values = ", ".join(f"column {c} is all {self.lo[c].item():g}" for c in dead[:4])
+            return [Finding("constant", len(dead),
+                            f"{values} (of {self.count} columns, over {self.rows} rows): standardising each feature "
+                            f"by its std, `(x - x.mean(0)) / x.std(0)`, divides by zero (NaN)",
+                            [(0, c) for c in dead[:5]])]
         layout = "NCHW" if self.axis == 1 else "NHWC"
         values = ", ".join(f"channel {c} is all {self.lo[c].item():g}" for c in dead[:4])
         return [Finding("constant", len(dead),

@@ -81,18 +81,18 @@ class FileContext:
         self.problems.append(Problem(self.path, key, check, count, detail))
 
     def check_numpy(self, key: str | None, array: np.ndarray, *, label_name: str | None = None,
-                    allow_constant: bool = True, label: bool = False) -> None:
+                    allow_constant: bool = True, label: bool = False, columns: bool = False) -> None:
         if not is_checkable(array.dtype):
             return
         self.add(key, check_array(array, options=self.options, on_bytes=self.on_bytes,
                                   is_label=label or looks_like_label(label_name or key),
-                                  allow_constant=allow_constant))
+                                  allow_constant=allow_constant, columns=columns))
 
     def check_rows(self, key: str | None, read_rows, shape, dtype: np.dtype, *,
-                   allow_constant: bool = True) -> None:
+                   allow_constant: bool = True, columns: bool = False) -> None:
         """Check a source that is read by slicing along axis 0 (HDF5, safetensors)."""
         checker = ArrayChecker(shape, dtype, options=self.options, is_label=looks_like_label(key),
-                               allow_constant=allow_constant)
+                               allow_constant=allow_constant, columns=columns)
         for chunk, offset in row_chunks(read_rows, shape, dtype.itemsize, self.options.chunk_bytes):
             checker.feed(chunk, offset)
             if self.on_bytes is not None:
@@ -234,8 +234,8 @@ def read_npy(ctx: FileContext) -> None:
 
 
 def _check_numpy_or_fields(ctx: FileContext, key: str | None, array: np.ndarray, label_name: str | None) -> None:
-    if array.dtype.fields is None:
-        ctx.check_numpy(key, array, label_name=label_name)
+    if array.dtype.fields is None:  # (a 2-D array of a data file: examples by features)
+        ctx.check_numpy(key, array, label_name=label_name, columns=True)
         return
     for name in array.dtype.names:  # a record array: each field is its own array
         ctx.check_numpy(f"{key}.{name}" if key else name, array[name], label_name=name)
@@ -287,7 +287,7 @@ def _check_npz_member(ctx: FileContext, archive: zipfile.ZipFile, member: zipfil
         if not is_checkable(dtype):
             return
         checker = ArrayChecker(shape, dtype, order="F" if fortran else "C", options=ctx.options,
-                               is_label=looks_like_label(key))
+                               is_label=looks_like_label(key), columns=True)
         for chunk, offset in _stream_chunks(stream, dtype, int(np.prod(shape, dtype=np.int64)), ctx.options.chunk_bytes):
             checker.feed(chunk, offset)
             if ctx.on_bytes is not None:
@@ -962,7 +962,7 @@ def _check_h5_dataset(ctx: FileContext, dataset) -> None:
     def read_rows(start, stop):
         return dataset[()] if start is None else dataset[start:stop]
 
-    ctx.check_rows(dataset.name, read_rows, dataset.shape, dataset.dtype)
+    ctx.check_rows(dataset.name, read_rows, dataset.shape, dataset.dtype, columns=True)
 
 
 def _check_h5_fields(ctx: FileContext, dataset) -> None:

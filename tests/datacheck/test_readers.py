@@ -647,3 +647,43 @@ def test_a_nan_beside_the_stray_cell_is_still_found(tmp_path):
 def test_near_miss_a_text_column_is_text_not_numbers_with_stray_cells(tmp_path):
     path = _csv_with_a_stray_cell(tmp_path, 20, None, 0)
     assert problems_of(path) == []  # (`name`: item0, item1, ... is text)
+
+
+# ---- constant columns of a table --------------------------------------------------------
+
+def _features(constant_column: int | None, rows: int = 100, columns: int = 8):
+    x = np.random.default_rng(0).normal(size=(rows, columns)).astype(np.float32)
+    if constant_column is not None:
+        x[:, constant_column] = 2.0
+    return x
+
+
+@pytest.mark.parametrize("ext", [".npy", ".npz", ".h5"])
+def test_a_constant_feature_column_of_a_table_is_named(tmp_path, ext):
+    path = tmp_path / f"features{ext}"
+    if ext == ".npy":
+        np.save(path, _features(3))
+    elif ext == ".npz":
+        np.savez(path, x=_features(3))
+    else:
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(path, "w") as f:
+            f["x"] = _features(3)
+    (problem,) = problems_of(path, chunk_bytes=256)
+    assert (problem.check, problem.count, problem.positions) == ("constant", 1, [(0, 3)])
+    assert "column 3 is all 2" in problem.detail
+
+
+def test_near_miss_a_one_hot_label_matrix_with_an_absent_class_is_no_table_of_features(tmp_path):
+    y = np.eye(4, dtype=np.float32)[np.random.default_rng(0).integers(0, 3, 50)]  # class 3 never present
+    np.save(tmp_path / "labels.npy", y)
+    assert problems_of(tmp_path / "labels.npy") == []
+
+
+def test_near_miss_a_checkpoints_weight_with_a_zero_column_is_no_table(tmp_path):
+    import torch
+
+    weight = torch.randn(6, 4)
+    weight[:, 2] = 0.0  # a pruned input
+    torch.save({"fc.weight": weight}, tmp_path / "model.pt")
+    assert problems_of(tmp_path / "model.pt") == []
