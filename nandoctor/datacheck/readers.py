@@ -610,7 +610,8 @@ def _check_batches(ctx: FileContext, batches) -> None:
                 text = texts.get(arrow_field.name)
                 if text is None:
                     text = texts[arrow_field.name] = _NumbersInText(arrow_field.name, ctx.options)
-                text.feed(column.to_pylist())
+                if not text.is_text:  # (a column found to be text is not converted again)
+                    text.feed(column)
                 continue
             for key, values in _leaf_columns(column, arrow_field.name):
                 checker = checkers.get(key)
@@ -654,9 +655,16 @@ class _NumbersInText:
         self.examples: list[str] = []
         self.is_text = False
 
-    def feed(self, cells: list) -> None:
-        if self.is_text:
-            return
+    def feed(self, column) -> None:
+        """The column's next cells (an Arrow string array), a thousand at a time until it
+        is decided, so a text column is given up on after its first thousand."""
+        step = max(1, len(column) if self.offset >= self._DECIDE_AFTER else self._DECIDE_AFTER)
+        for start in range(0, len(column), step):
+            if self.is_text:
+                return
+            self._feed_cells(column.slice(start, step).to_pylist())
+
+    def _feed_cells(self, cells: list) -> None:
         values = np.empty(len(cells), dtype=np.float64)
         for i, cell in enumerate(cells):
             number = _number_in(cell)

@@ -104,8 +104,6 @@ def _data_as_it_came(record: Record) -> bool:
     return True
 
 
-
-
 def _born_as_a_metric(record: Record, no_parameters, with_graph: bool = False) -> bool:
     """Was `record`'s value born outside the model, without autograd, once training
     began? A validation metric logged as NaN (the precision of a class never predicted, a
@@ -531,33 +529,33 @@ class Detector(Observer):
             born = birth_of(record)
             if born.overflow:
                 self.stop(born, StopReason.OP_MADE_NAN if born.has_nan else StopReason.OP_MADE_INF)
-        if hidden and _made_integers_of(hidden_in := next(t for t, r in made if r is hidden), out):
-            with self.internal():
-                hidden_nan.hide(self.hidden_nans, out, torch.isnan(hidden_in), hidden, f"aten.{name}")
-        elif hidden:
+        if not hidden:
+            return
+        hidden_in = next(t for t, r in made if r is hidden)
+        if not _made_integers_of(hidden_in, out):
             self.stop(hidden, StopReason.NAN_HIDDEN, hidden_by=f"aten.{name}")
+        with self.internal():
+            hidden_nan.hide(self.hidden_nans, out, torch.isnan(hidden_in), hidden, f"aten.{name}")
 
     def hidden_nans_taken(self, taken, passes_on: bool) -> None:
         """An op is about to take integers a cast made of NaN (`taken`, see hidden_nan.py).
         Unless it only passes values on (`passes_on`) and takes them first, it uses them:
-        a position that came from NaN stops the run at the NaN, before the op runs (a loss
-        given the label -2**63 raises over it)."""
-        if passes_on and len(taken) == 1 and taken[0][0] == 0:
-            return  # (see hidden_nans_passed_on)
-        with self.internal():
-            used = [entry for _, entry in taken if bool(entry.positions.any())]
-        if used:
-            self.stop(used[0].record, StopReason.NAN_HIDDEN, hidden_by=used[0].hidden_by)
+        the run stops at the NaN, before the op runs (a loss given the label -2**63 raises
+        over it)."""
+        if not (passes_on and len(taken) == 1 and taken[0][0] == 0):
+            self.stop(taken[0][1].record, StopReason.NAN_HIDDEN, hidden_by=taken[0][1].hidden_by)
 
     def hidden_nans_passed_on(self, func, args, kwargs, out, taken) -> None:
         """...and it ran, passing values on: the positions of `out` that came from NaN are
-        the op's own on the positions taken (`target[labelled]` keeps none: clean)."""
+        the op's own on the positions taken (`target[labelled]` keeps none: clean); an op
+        they cannot be followed through is a use."""
+        entry = taken[0][1]
         with self.internal():
-            positions = hidden_nan.positions_passed_on(func, (taken[0][1].positions, *args[1:]), kwargs, out)
-            if positions is not None and bool(positions.any()):
-                hidden_nan.hide(self.hidden_nans, out, positions, taken[0][1].record, taken[0][1].hidden_by)
-        if positions is None and bool(taken[0][1].positions.any()):  # (an op it cannot follow them through)
-            self.stop(taken[0][1].record, StopReason.NAN_HIDDEN, hidden_by=taken[0][1].hidden_by)
+            positions = hidden_nan.positions_passed_on(func, (entry.positions, *args[1:]), kwargs, out)
+            if positions is not None:
+                hidden_nan.hide(self.hidden_nans, out, positions, entry.record, entry.hidden_by)
+        if positions is None:
+            self.stop(entry.record, StopReason.NAN_HIDDEN, hidden_by=entry.hidden_by)
 
     def values_received(self, collective: str, received, sent: list) -> None:
         """A collective (`dist.all_reduce`, `all_gather`, `broadcast`) wrote what the ranks

@@ -36,7 +36,10 @@ class HiddenNaN:
 
 def hide(table: dict[int, HiddenNaN], out: torch.Tensor, positions: torch.Tensor, record: Record,
          hidden_by: str) -> None:
-    """`out` holds at `positions` what a cast made of the NaN `record` stands for."""
+    """`out` holds at `positions` what a cast made of the NaN `record` stands for. Kept only
+    when some position did: so every entry holds one, and any use of it is a use of NaN."""
+    if not bool(positions.any()):
+        return
     key = id(out)
     table[key] = HiddenNaN(weakref.ref(out, lambda _: table.pop(key, None)), positions, record, hidden_by)
 

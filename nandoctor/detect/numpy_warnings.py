@@ -75,7 +75,7 @@ class NumpyWarnings:
     def _note(self, text: str, frame) -> None:
         """numpy reported `text` from `frame`'s line: noted when that line is the script's."""
         makes = next((v for k, v in _MAKES.items() if text.startswith(k)), None)
-        if makes is None or " encountered" not in text or not self._locator._user_code(frame.f_code):
+        if makes is None or " encountered" not in text or not self._locator.is_user_code(frame.f_code):
             return
         self._seen.append(NumpyWarning((frame.f_code, frame.f_lineno), text, makes, self._step_now()))
 

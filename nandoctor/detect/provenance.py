@@ -74,7 +74,9 @@ class SourceLocator:
         self._main_file = main_file
         self._main_display = main_display
 
-    def _user_code(self, code: types.CodeType) -> bool:
+    def is_user_code(self, code: types.CodeType) -> bool:
+        """Is `code` the script's own (not the standard library's, an installed package's or
+        generated code)? Cached per code object."""
         entry = self._is_user.get(id(code))
         if entry is not None:
             return entry[1]
@@ -94,7 +96,7 @@ class SourceLocator:
         frame = sys._getframe(skip + 1)
         while frame is not None:
             code = frame.f_code
-            if self._user_code(code):
+            if self.is_user_code(code):
                 return code, frame.f_lineno
             frame = frame.f_back
         return None
@@ -111,7 +113,7 @@ class SourceLocator:
             code = frame.f_code
             if code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), torch.utils.data.Dataset):
                 return True
-            if code.co_flags & inspect.CO_GENERATOR and self._user_code(code):
+            if code.co_flags & inspect.CO_GENERATOR and self.is_user_code(code):
                 return not _in_a_training_loop(linecache.getlines(code.co_filename), frame.f_lineno)
             frame = frame.f_back
         return False
@@ -124,7 +126,7 @@ class SourceLocator:
         frame = sys._getframe(1)
         while frame is not None:
             code = frame.f_code
-            if self._user_code(code) and _in_a_training_loop(linecache.getlines(code.co_filename), frame.f_lineno):
+            if self.is_user_code(code) and _in_a_training_loop(linecache.getlines(code.co_filename), frame.f_lineno):
                 return True
             frame = frame.f_back
         return False
@@ -136,7 +138,7 @@ class SourceLocator:
         frame = sys._getframe(skip + 1)
         while frame is not None:
             code = frame.f_code
-            if self._user_code(code):
+            if self.is_user_code(code):
                 return None
             if self._installed_code(code):
                 return code, frame.f_lineno
@@ -156,14 +158,14 @@ class SourceLocator:
         optimizer's step called back (a step hook, a Keras weight constraint), rather than
         the line that called a library optimizer's step?"""
         frame = sys._getframe(1)
-        while frame is not None and not self._user_code(frame.f_code):
+        while frame is not None and not self.is_user_code(frame.f_code):
             frame = frame.f_back
         if frame is None:
             return False
         if _an_optimizer(frame.f_locals.get("self")):
             return True
         caller = frame.f_back
-        while caller is not None and not self._user_code(caller.f_code):
+        while caller is not None and not self.is_user_code(caller.f_code):
             if _an_optimizer(caller.f_locals.get("self")):
                 return True  # (a library optimizer's frame below the user's: it called the user's code)
             caller = caller.f_back
@@ -178,7 +180,7 @@ class SourceLocator:
             code = frame.f_code
             if code is _ENGINE_ENTRY:
                 return None
-            if self._user_code(code):
+            if self.is_user_code(code):
                 return code, frame.f_lineno
             frame = frame.f_back
         return None

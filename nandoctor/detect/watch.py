@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.detect.boundaries import global_norm
 from nandoctor.detect.hooks import TrainingHooks
@@ -53,7 +54,7 @@ class StepWatcher(Observer):
         self._every_gradient = bool(run_settings.get("watch_gradients", False))
         # Per parameter that held infinities before its optimizer's first step (a CRF's -inf
         # forbidden transitions): where they were and what they were (see `_weights_clean`).
-        self._constants: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._constants = WeakIdKeyDictionary()  # parameter -> (where, values)
         self._first_steps_seen: "weakref.WeakSet" = weakref.WeakSet()
         self._hooks = TrainingHooks(self)
 
@@ -215,7 +216,7 @@ class StepWatcher(Observer):
             if p.is_floating_point() and not p.is_meta and not bool(torch.isnan(p).any()):
                 where = torch.isinf(p.detach())
                 if bool(where.any()):
-                    self._constants[id(p)] = (p, where, p.detach()[where].clone())
+                    self._constants[p] = (where, p.detach()[where].clone())
 
     def _weights_clean(self) -> bool | None:
         """Are the parameters finite now? (On the rare path only: one exact check.)
@@ -232,10 +233,10 @@ class StepWatcher(Observer):
     def _holds_only_its_constants(self, p: torch.Tensor) -> bool:
         """Are `p`'s non-finite values the infinities it held before training, where they
         were (a constant of the model that training never touched)?"""
-        kept = self._constants.get(id(p))
-        if kept is None or kept[0] is not p:
+        kept = self._constants.get(p)
+        if kept is None:
             return False
-        _, where, values = kept
+        where, values = kept
         now = p.detach()
         return bool(torch.equal(~torch.isfinite(now), where)) and bool(torch.equal(now[where], values))
 

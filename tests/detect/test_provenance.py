@@ -17,24 +17,24 @@ def test_code_in_an_installed_package_is_library_code_not_the_users():
     site_packages = Path(sysconfig.get_paths()["purelib"])
     locator = SourceLocator()
     for package in ("lightning/pytorch/core/module.py", "keras/src/backend/torch/numpy.py", "anything/train.py"):
-        assert not locator._user_code(_code_at(site_packages / package))
+        assert not locator.is_user_code(_code_at(site_packages / package))
 
 
 def test_any_site_packages_folder_is_library_code_also_outside_this_environment(tmp_path):
     other_env = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "transformers" / "trainer.py"
-    assert not SourceLocator()._user_code(_code_at(other_env))
+    assert not SourceLocator().is_user_code(_code_at(other_env))
 
 
 def test_the_code_torch_compile_generates_is_torchs_not_the_users(tmp_path):
     # Inductor writes its wrappers to <tmp>/torchinductor_<user>/; a compiled backward runs them.
     generated = tmp_path / "torchinductor_root" / "if" / "cifnbgdb3offyk7n.py"
-    assert not SourceLocator()._user_code(_code_at(generated))
+    assert not SourceLocator().is_user_code(_code_at(generated))
 
 
 def test_the_users_own_files_are_user_code_wherever_they_live(tmp_path):
     locator = SourceLocator()
-    assert locator._user_code(_code_at(tmp_path / "train.py"))
-    assert locator._user_code(_code_at(tmp_path / "src" / "mypackage" / "model.py"))  # an editable install
+    assert locator.is_user_code(_code_at(tmp_path / "train.py"))
+    assert locator.is_user_code(_code_at(tmp_path / "src" / "mypackage" / "model.py"))  # an editable install
 
 
 def test_the_framework_line_that_ran_an_op_is_found_and_shown_from_its_package():
