@@ -231,6 +231,8 @@ class Recorder:
             source = source or record
         if source is None or bool(torch.isnan(out).any()):
             return None
+        if _uses_entries_as_numbers(func, args):
+            return None
         return source
 
     def _a_model_constant_written(self, dest: torch.Tensor) -> bool:
@@ -523,6 +525,27 @@ def _mark_births(record: Record, fact: str) -> None:
 
 # A tensor larger than this is data, not a mask written entry by entry.
 _MASK_BUILT_BY_HAND = 1 << 16
+
+
+# Ops that combine many entries into one number: a mask's -inf summed, averaged or
+# multiplied into a product with other entries is used as a number, where the mask was
+# meant to vanish (softmax, max, logsumexp, `where`). Label smoothing's `-log_softmax(x).sum()`
+# over a -inf masked vocabulary, `(masked @ v)`: the output is the op's, born at its line.
+_REDUCES_ENTRIES = frozenset((
+    "sum", "mean", "nansum", "nanmean", "prod", "cumsum", "cumprod", "mm", "bmm", "matmul", "dot", "vdot", "mv",
+    "linalg_vector_norm", "norm", "std", "var", "std_mean", "var_mean", "trace",
+))
+# ...and ops that add their first input to a product of the others (`addmm(bias, x, w)`):
+# a mask in the added input is passed on, one in a factor is used as a number.
+_ADDS_A_PRODUCT = frozenset(("addmm", "baddbmm", "addbmm", "addmv", "addr"))
+
+
+def _uses_entries_as_numbers(func, args) -> bool:
+    name = base_name(func).rstrip("_")
+    if name in _REDUCES_ENTRIES:
+        return True
+    return name in _ADDS_A_PRODUCT and any(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and not all_finite(t) for t in args[1:3])
 
 
 def _a_mask_being_built(dest: torch.Tensor) -> bool:

@@ -1381,15 +1381,26 @@ class TestMasksPassedOn:
         result = detect(train)
         assert not result.stopped and result.detector.discarded() == []
 
-    def test_a_mask_whose_sign_flips_on_the_way_to_the_loss_is_still_the_mask(self):
-        # Label smoothing over masked log-probabilities: -logp.mean() is +inf, the mask
-        # used as a number, found where it was written, not at the negation.
+    def test_a_mask_averaged_into_the_loss_is_born_at_the_mean_that_used_it(self):
+        # Label smoothing over masked log-probabilities: -logp.mean() is +inf. The mask is
+        # passed on through log_softmax; the mean over masked positions is where it was
+        # used as a number, and it has the mask's write as its parent.
         def smoothed():
             logits = torch.randn(2, 4, requires_grad=True)
             logp = logits.masked_fill(torch.tensor([False, False, True, True]), float("-inf")).log_softmax(-1)
             (-logp.mean(-1)).mean().backward()
 
         result = detect(smoothed)
+        assert result.stopped and result.detection.root.op == "aten.mean.dim"
+        assert result.detection.root.facts.inf_written_at is not None
+
+    def test_a_mask_whose_sign_flips_on_the_way_to_the_loss_is_still_the_mask(self):
+        def picked():
+            logits = torch.randn(2, 4, requires_grad=True)
+            logp = logits.masked_fill(torch.tensor([False, False, True, True]), float("-inf")).log_softmax(-1)
+            (-logp[:, 3]).backward(torch.ones(2))
+
+        result = detect(picked)
         assert result.stopped and result.detection.root.op == "aten.masked_fill.Scalar"
         assert result.detection.root.facts.written_on_purpose
 

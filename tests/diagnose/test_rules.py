@@ -1374,10 +1374,32 @@ class TestCausalMaskDiagonal:
 
 
 class TestMaskValueUsed:
-    def test_a_minus_inf_mask_summed_into_the_loss_is_a_mask_used_as_a_number(self):
+    def test_a_minus_inf_mask_summed_into_the_loss_is_inf_arithmetic_at_the_sum(self):
+        # The mask is fine where it is written; the sum over masked positions is what to change.
         w = torch.nn.Parameter(torch.randn(4, 4))
         causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
         cause = cause_of(lambda: w.masked_fill(causal, float("-inf")).sum().backward())
+        assert cause.id == "inf_arithmetic" and "summed" in cause.title
+        assert "torch.finfo" in cause.fix and "unmasked" in cause.fix
+
+    def test_label_smoothing_over_a_masked_vocabulary_is_the_cross_entropy_summing_the_mask(self):
+        logits = torch.nn.Parameter(torch.randn(6, 5))
+        allowed = torch.tensor([True, True, True, False, False])
+        masked = lambda: logits.masked_fill(~allowed, float("-inf"))  # noqa: E731
+        cause = cause_of(lambda: F.cross_entropy(masked(), torch.tensor([0, 1, 2, 0, 1, 2]),
+                                                 label_smoothing=0.1).backward())
+        assert cause.id == "inf_arithmetic" and "label_smoothing" in cause.explanation
+
+    def test_near_miss_the_same_masked_vocabulary_without_smoothing_trains(self):
+        logits = torch.nn.Parameter(torch.randn(6, 5))
+        allowed = torch.tensor([True, True, True, False, False])
+        assert stays_clean(lambda: F.cross_entropy(logits.masked_fill(~allowed, float("-inf")),
+                                                   torch.tensor([0, 1, 2, 0, 1, 2])).backward())
+
+    def test_a_mask_that_reaches_the_loss_without_a_sum_is_a_mask_used_as_a_number(self):
+        w = torch.nn.Parameter(torch.randn(4, 4))
+        causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
+        cause = cause_of(lambda: w.masked_fill(causal, float("-inf"))[0, 3].backward())
         assert cause.id == "mask_value_used" and "torch.finfo" in cause.fix
 
     def test_an_inf_torch_writes_inside_a_function_is_its_value_by_definition_not_a_mask(self):
@@ -1395,7 +1417,7 @@ class TestMaskValueUsed:
         w = torch.nn.Parameter(torch.randn(4, 4))
         causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
         cause = cause_of(lambda: (w + torch.zeros(4, 4).masked_fill(causal, float("-inf"))).sum().backward())
-        assert cause.id == "mask_value_used"
+        assert cause.id == "inf_arithmetic" and "summed" in cause.title
 
     @staticmethod
     def _forbidden_transitions():

@@ -357,6 +357,8 @@ def mask_value_used(ev: Evidence) -> Cause | None:
     """The root wrote its non-finite value on purpose (`masked_fill(mask, -inf)`), and that
     value itself reached the loss, a gradient or a read: no op made it by accident, so
     neither overflow nor Inf arithmetic is the cause."""
+    if _written_by_the_function_the_line_calls(ev):
+        return _infinite_by_definition(ev)
     if not ev.facts.written_on_purpose or ev.facts.mask_overflowed:
         return None  # (a finite mask an op pushed past the range: the op overflowed, nothing wrote the -inf)
     if not ev.facts.entered and not _writes_a_special_value(ev.code):
@@ -393,6 +395,14 @@ _ASSIGNS_ENTRIES = re.compile(r"\]\s*=[^=]")
 
 def _assigns_entries(code: str) -> bool:
     return bool(_ASSIGNS_ENTRIES.search(code or ""))
+
+
+def _written_by_the_function_the_line_calls(ev: Evidence) -> bool:
+    """The root combined entries (a sum) one of which an Inf written on the same line, by a
+    function the line calls (`kl_divergence` writes +inf and sums it): the function's value."""
+    written, here = ev.facts.inf_written_at, ev.root.location
+    return ev.combines_entries() and written is not None and here is not None \
+        and (written.file, written.line) == (here.file, here.line) and not ev.facts.entered and not _writes_a_special_value(ev.code)
 
 
 def _infinite_by_definition(ev: Evidence) -> Cause:

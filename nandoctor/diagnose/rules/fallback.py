@@ -210,7 +210,7 @@ def inf_arithmetic(ev: Evidence) -> Cause | None:
     born = words.inf_source(ev.facts)
     if ev.inputs_finite() and not born:
         return None
-    masked = _mask_times_inf(ev) or _minus_inf_minus_itself(ev, born)
+    masked = _mask_times_inf(ev) or _minus_inf_minus_itself(ev, born) or _masked_entries_reduced(ev, born)
     if masked is not None:
         return masked
     return Cause(
@@ -287,6 +287,28 @@ def _minus_inf_minus_itself(ev: Evidence, born: str | None) -> Cause | None:
         "Make sure every row keeps an entry it may choose (stop the loop when all are taken, give an empty row a "
         "dummy valid entry, or drop it), or start a running max at a finite value. A finite fill "
         "(`torch.finfo(x.dtype).min`) only hides the NaN: such a row then chooses uniformly among masked entries.",
+    )
+
+
+def _masked_entries_reduced(ev: Evidence, born: str | None) -> Cause | None:
+    """`-log_softmax(masked).sum(-1)` (cross_entropy's label smoothing over a vocabulary
+    with -inf masked classes), `masked.mean()`, `masked @ v`: a mask's -inf written on
+    purpose, then combined with the other entries instead of vanishing in a softmax, a max
+    or a `where`."""
+    masked = next((s for s in ev.root.inputs if s.neginf or s.posinf), None)
+    if not born or masked is None or ev.made_nan() or not ev.combines_entries():
+        return None
+    return Cause(
+        "inf_arithmetic",
+        "masked entries summed with the others",
+        f"At {ev.where} ({ev.code}) `{ev.op}` combines entries of which {_infinities(masked)} were written at {born} "
+        f"(a mask, or a sentinel), so its result is infinite. A mask's -inf is meant to vanish "
+        "where it is consumed (softmax, max, logsumexp, `where`); a sum, mean or product over the masked positions "
+        "keeps it. If the line calls a library function, that function sums over every position (cross_entropy's "
+        "`label_smoothing` spreads mass over all classes, masked ones too).",
+        "Combine only the unmasked entries (`x.masked_fill(mask, 0).sum()`, `x[~mask].mean()`; smooth labels over "
+        "the allowed classes only), or write a large finite negative value instead of -inf: "
+        "`x.masked_fill(mask, torch.finfo(x.dtype).min)`.",
     )
 
 
