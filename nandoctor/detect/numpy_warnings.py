@@ -15,8 +15,9 @@ of silencing are seen through, neither changing what the script shows or compute
   object instead of dropping it (its `"log"` mode), whose `write` only takes note.
   `np.geterr()` inside such a block reads "log" where the script asked for "ignore": the
   one thing a script could notice.
-Only the script's own lines count (the first Python frame above the ufunc is the script's),
-not numpy's or pandas' internals, which make and handle NaN on purpose. Under the default
+Only the script's own lines count (the first Python frame above the ufunc and numpy's own
+Python code, such as the division of `arr.mean()` of an empty selection, is the script's),
+not pandas' or scipy's internals, which make and handle NaN on purpose. Under the default
 filter a line's repeated warning is not raised again, so a line is noted the first time it
 makes a NaN or an Inf; `np.seterr` set for the whole script is not seen through.
 """
@@ -75,7 +76,10 @@ class NumpyWarnings:
     def _note(self, text: str, frame) -> None:
         """numpy reported `text` from `frame`'s line: noted when that line is the script's."""
         makes = next((v for k, v in _MAKES.items() if text.startswith(k)), None)
-        if makes is None or " encountered" not in text or not self._locator.is_user_code(frame.f_code):
+        if makes is None or " encountered" not in text:
+            return
+        frame = _above_numpy(frame)
+        if frame is None or not self._locator.is_user_code(frame.f_code):
             return
         self._seen.append(NumpyWarning((frame.f_code, frame.f_lineno), text, makes, self._step_now()))
 
@@ -142,6 +146,15 @@ class NumpyWarnings:
 
 
 _UNSET = object()
+
+
+def _above_numpy(frame):
+    """The first frame above numpy's own Python code: `ratings[empty].mean()` divides by
+    the count 0 in numpy's `_methods.py`, called from the script's line, which made the NaN.
+    (A frame of another library above numpy, pandas' or scipy's, is not the script's.)"""
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "numpy":
+        frame = frame.f_back
+    return frame
 
 
 def _log_ignored(categories: dict, all, log):

@@ -69,6 +69,21 @@ def test_near_miss_a_librarys_own_silenced_nan_is_not_the_scripts_line():
     assert root.location.line == _line("MARK-read") and root.facts.made_by_numpy is None
 
 
+@pytest.mark.parametrize("silenced", [None, "filter", "errstate"])
+def test_a_mean_of_an_empty_selection_is_found_at_the_scripts_line_not_inside_numpy(silenced):
+    # numpy's own Python code (`_methods._mean`) divides by the count 0 for the line.
+    def user_means():
+        ratings, users = np.array([4.0, 5.0, 3.0]), np.array([0, 0, 1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore" if silenced == "filter" else "always")
+            with np.errstate(invalid="ignore") if silenced == "errstate" else contextlib.nullcontext():
+                means = np.array([ratings[users == u].mean() for u in range(3)])  # MARK-mean
+        read_back(torch.from_numpy(means) + 1)
+
+    root = detect(user_means).detection.root
+    assert root.location.line == _line("MARK-mean") and "divide" in root.facts.made_by_numpy
+
+
 def test_errstate_is_numpys_own_and_the_scripts_callback_is_kept():
     calls = []
 
