@@ -515,6 +515,7 @@ class Detector(Observer):
             return
         with self.internal():
             self.recorder.absorbed(made)
+            self.recorder.absorbed_leaves_seen(made)
             name = base_name(func)
             if name in HANDLES_NONFINITE:
                 if tests_finiteness(name, args):

@@ -16,6 +16,7 @@ import threading
 from typing import Any, Callable
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.detect.mode import all_finite, checkable
 from nandoctor.detect.op_facts import collect_op_facts
@@ -61,6 +62,9 @@ class Recorder:
         self.forward_by_line: dict[tuple, Record] = {}
         self.last_backward_order = -1  # order of the latest non-finite value made in backward
         self.latest_backward: Record | None = None  # ...and its record, in the backward running
+        # Trained leaves (parameters) holding a non-finite value made by accident, that an op
+        # made finite values of (softplus(-inf) = 0): leaf -> the record of its value.
+        self.absorbed_leaves = WeakIdKeyDictionary()
 
     def op(self, func, args, kwargs, out: torch.Tensor, node, created_seq, intended: bool,
            before: torch.Tensor | None = None) -> Record:
@@ -70,6 +74,8 @@ class Recorder:
         tensors = [(name, v) for name, v in named if isinstance(v, torch.Tensor)]
         overwritten = _overwritten_name(func, tensors, out)
         parents, facts = self._parents(tensors, overwritten, before)
+        if self.absorbed_leaves and node is None and not intended and all(p.intended for p in parents):
+            parents += self._absorbed_leaves_behind(tensors, parents)  # (a birth from finite values)
         if parents and all(p.intended for p in parents) and base_name(func) == "copy_":
             if args[0]._base is not None and not _a_mask_being_built(args[0]):
                 # An infinity written into data (`X[7, 3] = float("inf")` in a table of
@@ -433,6 +439,35 @@ class Recorder:
             if not all_finite(t):
                 _mark_births(record, "absorbed")
 
+    def absorbed_leaves_seen(self, inputs: list[tuple[torch.Tensor, Record]]) -> None:
+        """Of the inputs an op absorbed, the trained leaves (a parameter made -inf while the
+        model was built: `nn.Parameter(inv_softplus(0.0))`): kept, so a value born later from
+        finite inputs that came from one (`log(softplus(raw) ** 2)`, log(0)) names it."""
+        for t, record in inputs:
+            if t.is_leaf and t.requires_grad and not record.intended and not all_finite(t):
+                self.absorbed_leaves[t] = record
+
+    def _absorbed_leaves_behind(self, tensors, parents: list[Record]) -> list[Record]:
+        """The records of absorbed leaves (see `absorbed_leaves_seen`) that the autograd
+        graph of `tensors` reaches: the finite values this op made non-finite came from them.
+        On the rare path only: a walk of the graph, at most `_GRAPH_NODES_WALKED` nodes."""
+        found: list[Record] = []
+        seen: set = set()
+        stack = [t.grad_fn for _, t in tensors if t.grad_fn is not None]
+        while stack and len(seen) < _GRAPH_NODES_WALKED:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            leaf = getattr(fn, "variable", None)  # (an AccumulateGrad node: the leaf it feeds)
+            if leaf is not None:
+                record = self.absorbed_leaves.get(leaf)
+                if record is not None and record not in parents and record not in found and not all_finite(leaf):
+                    found.append(record)
+                continue
+            stack.extend(next_fn for next_fn, _ in fn.next_functions)
+        return found
+
     def replaced(self, inputs: list[tuple[torch.Tensor, Record]]) -> None:
         """A guard of the script's (`nan_to_num`) replaced recorded non-finite values with
         finite ones: dropped on purpose, as a `where` drops them (`masked`), so a NaN that
@@ -522,6 +557,8 @@ def _mark_births(record: Record, fact: str) -> None:
         if all(p.intended for p in r.parents):
             setattr(r.facts, fact, True)
 
+
+_GRAPH_NODES_WALKED = 4096
 
 # A tensor larger than this is data, not a mask written entry by entry.
 _MASK_BUILT_BY_HAND = 1 << 16

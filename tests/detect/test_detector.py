@@ -718,6 +718,41 @@ class TestSetupPhases:
         d = detect(Scaled).detection
         assert d.root.op == "aten.log.default" and d.root.phase == "init"
 
+    @staticmethod
+    def _noisy(noise_init: float):
+        """A learned noise level parametrised through softplus, initialised by its inverse
+        (GPyTorch's `inv_softplus`): at 0 the parameter is -inf, softplus(-inf) is 0."""
+        class Noisy(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                x = torch.tensor(noise_init)
+                self.raw = torch.nn.Parameter(x + torch.log(-torch.expm1(-x)))  # MARK-inv-softplus
+
+            def forward(self, y):
+                var = F.softplus(self.raw) ** 2
+                return (0.5 * torch.log(var) + y ** 2 / (2 * var)).mean()  # MARK-nll
+
+        return Noisy()
+
+    def test_a_parameter_built_infinite_and_made_finite_by_softplus_is_the_root_of_what_follows(self):
+        d = detect(lambda: self._noisy(0.0)(torch.randn(8)).backward()).detection
+        assert d.root.op == "aten.log.default" and d.root.phase == "init"
+        assert d.root.location.line == line_of("MARK-inv-softplus")
+        assert any(site.location.line == line_of("MARK-nll") for site in d.lineage)
+
+    def test_near_miss_a_finite_initial_noise_trains(self):
+        assert not detect(lambda: self._noisy(0.1)(torch.randn(8)).backward()).stopped
+
+    def test_near_miss_a_value_born_apart_from_the_infinite_parameter_has_its_own_root(self):
+        def run():
+            model = self._noisy(0.0)
+            F.softplus(model.raw)  # absorbed: the parameter is known to be -inf
+            x = torch.tensor([1.0, 0.0], requires_grad=True)
+            torch.log(x * 1).sum().backward()  # MARK-own-log
+
+        d = detect(run).detection
+        assert d.root.location.line == line_of("MARK-own-log") and d.root.phase != "init"
+
     def test_a_dataset_built_after_the_optimizer_still_prepares_data(self):
         class Scaled(torch.utils.data.Dataset):
             def __init__(self):
