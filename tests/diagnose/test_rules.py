@@ -76,6 +76,12 @@ RMSPROP_BY_HAND = optimizer_by_hand("""
     p.sub_(0.01 * p.grad * torch.rsqrt(v))
 """, "table(torch.tensor([0, 1])).sum()")
 
+# An Adagrad with no epsilon: addcdiv_ divides by the root of a sum that is 0 for unseen rows.
+ADAGRAD_BY_HAND = optimizer_by_hand("""
+    h = self.state[p].setdefault("h", torch.zeros_like(p)).addcmul_(p.grad, p.grad)
+    p.addcdiv_(p.grad, h.sqrt(), value=-0.01)
+""", "table(torch.tensor([0, 1])).sum()")
+
 
 def reading(fn):
     """`fn`, whose result the script then reads back (prints, logs): a value nobody reads
@@ -1190,6 +1196,12 @@ class TestContext:
         report = run_nandoctor(["run", "rmsprop.py"], tmp_path).report
         assert report["root"]["op"] == "aten.rsqrt.default" and report["root"]["location"]["line"] == 11
         assert report["cause"]["id"] == "div_by_zero" and "second moment" in report["cause"]["title"]
+
+    def test_addcdiv_by_a_zero_root_in_an_optimizer_the_script_wrote_is_that_division(self, tmp_path):
+        (tmp_path / "adagrad.py").write_text(ADAGRAD_BY_HAND)
+        report = run_nandoctor(["run", "adagrad.py"], tmp_path).report
+        assert report["root"]["op"] == "aten.addcdiv_.default" and report["root"]["location"]["line"] == 11
+        assert report["cause"]["id"] == "div_by_zero" and "eps" in report["cause"]["fix"]
 
     def test_softmax_over_a_fully_masked_row_is_inf_arithmetic(self):
         scores = torch.randn(2, 3)

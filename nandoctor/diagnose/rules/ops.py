@@ -165,6 +165,28 @@ def div_by_zero(ev: Evidence) -> Cause | None:
     )
 
 
+@op_rule("addcdiv")
+def addcdiv_by_zero(ev: Evidence) -> Cause | None:
+    """`p.addcdiv_(g, h.sqrt(), value=-lr)`: an update divided by a root of accumulated squared
+    gradients, which stays 0 where a parameter got no gradient (an Adagrad by hand with no eps).
+    (Inside torch's own optimizers, an invalid setting is the cause: see `optimizer_invalid`.)"""
+    den = ev.input("tensor2")
+    if den is None or not den.zeros:
+        return None
+    num = ev.input("tensor1")
+    both = num is not None and num.zeros
+    return Cause(
+        "div_by_zero",
+        "division by zero in an update",
+        f"At {ev.where} ({ev.code}) `addcdiv` divides `tensor1` by `tensor2`, and {count_of(den.zeros, den)} values of "
+        f"`tensor2` are 0: {'0/0 = NaN where the gradient is 0 too' if both else 'x/0 = ±Inf'}. Result: {_out(ev)}. "
+        "A root of accumulated squared gradients is 0 for every parameter that has had no gradient yet (an "
+        "embedding row never looked up, a head whose loss weight is 0).",
+        "Add an epsilon to the denominator, as torch's optimizers do: `p.addcdiv_(g, h.sqrt().add_(1e-10), "
+        "value=-lr)`.",
+    )
+
+
 def _angle_fix(ev: Evidence) -> str | None:
     """`atan(y / x)`: an angle by hand, which atan2 computes without dividing."""
     if not any(site.op.startswith("aten.atan.") for site in ev.lineage[1:3]):
