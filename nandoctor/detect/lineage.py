@@ -94,6 +94,9 @@ def _update_work(chain: list[Record]) -> None:
     is the optimizer's. An op feeding such work is one of them when it built no graph, ran
     outside any module and in the same step."""
     work = None  # the phase of the hand-written work the values below feed, if any
+    if chain[0].phase == "init" and chain[0].facts.writes_parameter:
+        _initial_weights_computed(chain)
+        return
     for child, parent in zip(chain, chain[1:]):  # (the event first: each parent after its child)
         if child.phase in ("backward", "optimizer") and child.op and child.backward_node is None:
             work = work or child.phase
@@ -103,6 +106,17 @@ def _update_work(chain: list[Record]) -> None:
             continue
         parent.phase = work
         parent.facts.own_optimizer = work == "optimizer"
+
+
+def _initial_weights_computed(chain: list[Record]) -> None:
+    """Weights initialised from data before training (prototypes as a classifier's rows,
+    a bias from the label frequencies, k-means centroids as a codebook): the values the
+    script computed on its way to the parameter it wrote are the model's initialisation,
+    init, not data prepared for training. Not a batch a DataLoader served."""
+    for parent in chain[1:]:
+        if parent.phase != "data" or parent.facts.batch is not None or parent.node_seq is not None:
+            return
+        parent.phase = "init"
 
 
 def birth_of(record: Record) -> Record:

@@ -753,6 +753,26 @@ class TestSetupPhases:
         d = detect(run).detection
         assert d.root.location.line == line_of("MARK-own-log") and d.root.phase != "init"
 
+    def test_weights_initialised_from_data_are_init(self):
+        # Class prototypes as a classifier's rows; class 2 is absent from the calibration set.
+        def build():
+            model = torch.nn.Linear(4, 3, bias=False)
+            x, y = torch.randn(6, 4), torch.tensor([0, 1, 0, 1, 0, 1])
+            with torch.no_grad():
+                protos = torch.stack([x[y == c].mean(0) for c in range(3)])  # MARK-protos
+                model.weight.copy_(protos)
+
+        root = detect(build).detection.root
+        assert root.phase == "init" and root.location.line == line_of("MARK-protos")
+
+    def test_near_miss_the_same_means_kept_as_data_are_data(self):
+        def prepare():
+            torch.nn.Linear(4, 3, bias=False)
+            x, y = torch.randn(6, 4), torch.tensor([0, 1, 0, 1, 0, 1])
+            read_back(torch.stack([x[y == c].mean(0) for c in range(3)]))
+
+        assert detect(prepare).detection.root.phase == "data"
+
     def test_a_dataset_built_after_the_optimizer_still_prepares_data(self):
         class Scaled(torch.utils.data.Dataset):
             def __init__(self):
