@@ -86,8 +86,10 @@ def _clean(report: RunReport) -> Text:
     seen = discarded_summary(report.discarded)
     if not seen:
         steps = f" over {plural(report.step, 'optimizer step')}" if report.step is not None else ""
-        # Watch mode looks at the step's boundaries only: say what it vouches for.
-        seen_in = "the loss, gradients or parameters of " if report.mode == "watch" else ""
+        # Watch mode looks at the step's boundaries only: say what it vouches for (a loss
+        # or gradients the script tested and skipped never reached a step).
+        seen_in = "the losses, gradients or parameters that reached an optimizer step of " \
+            if report.mode == "watch" else ""
         text = Text.from_markup(
             f"[bold green]nandoctor: clean[/] — no NaN or Inf in {seen_in}{escape(report.script)}{steps}{why}; "
             f"the script exited {report.exit_code}."

@@ -66,10 +66,10 @@ DISCARDED_LISTED = 3
 
 def discarded_summary(discarded: list[Discarded], listed: int = DISCARDED_LISTED) -> str:
     """What a clean run made and threw away, in a sentence without its period: `Inf made 12
-    times and discarded before reaching the loss, a gradient or a parameter, at train.py:27
+    times and discarded before it changed a parameter, at train.py:27
     (aten.log.default)`; values on lines the user allowed are said apart. '' for none."""
     phrases = []
-    for allowed, what in ((False, "and discarded before reaching the loss, a gradient or a parameter"),
+    for allowed, what in ((False, "and discarded before it changed a parameter"),
                           (True, "on lines you allowed")):
         group = [d for d in discarded if d.allowed == allowed]
         if not group:

@@ -125,8 +125,8 @@ def test_one_step_is_singular_and_a_clean_summary_says_what_was_discarded():
     clean = RunReport(status="clean", exit_code=0, script="train.py", step=1, discarded=[
         Discarded("aten.div.Tensor", Location("train.py", 9, "<module>", "r = a / b"), "nan", 3)])
     assert StepSummary().render_run(clean) == (
-        "✅ **nandoctor**: `train.py` ran clean — NaN made 3 times and discarded before reaching the loss, a "
-        "gradient or a parameter, at train.py:9 (aten.div.Tensor), 1 optimizer step.\n")
+        "✅ **nandoctor**: `train.py` ran clean — NaN made 3 times and discarded before it changed a "
+        "parameter, at train.py:9 (aten.div.Tensor), 1 optimizer step.\n")
 
 
 def test_script_error_summary_names_the_exception():

@@ -84,7 +84,7 @@ def test_a_clean_run_that_discarded_values_passes_and_says_what_was_made():
     suite = parse(JUnit().render_run(report))
     assert (suite.get("failures"), suite.get("errors")) == ("0", "0")
     assert suite.find("testcase/system-out").text == (
-        "clean: Inf made twice and discarded before reaching the loss, a gradient or a parameter, "
+        "clean: Inf made twice and discarded before it changed a parameter, "
         "at train.py:4 (aten.log.default).")
 
 

@@ -37,8 +37,8 @@ def test_what_a_clean_run_discarded_in_one_phrase():
     at = Location("train.py", 27, "<module>", "")
     assert discarded_summary([]) == ""
     assert discarded_summary([Discarded("aten.log.default", at, "inf", 2)]) == (
-        "Inf made twice and discarded before reaching the loss, a gradient or a parameter, "
+        "Inf made twice and discarded before it changed a parameter, "
         "at train.py:27 (aten.log.default)")
     assert discarded_summary([Discarded("", None, "nan", 1)]) == (
-        "NaN made once and discarded before reaching the loss, a gradient or a parameter, "
+        "NaN made once and discarded before it changed a parameter, "
         "in a value entering torch")
