@@ -33,6 +33,7 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
                            lineage=detection.lineage, reason=words.stop_reason(detection.reason, detection.event),
                            **common)
         report.cause = diagnose(Evidence.of(detection, history, step))
+        _no_torch_op_where_numpy_made_it(report)
         if error is not None:  # (the script raised over the value: say what it raised)
             report.error = {"type": type(error).__name__, "message": error_message(error)}
             report.notes.append(words.refused(detection.refused_by, error) if detection.reason is StopReason.OP_REFUSED
@@ -51,6 +52,15 @@ def build_report(script: str, *, exit_code: int, mode: str = "trace", detection:
     if amp is not None and amp.skipped:
         report.notes.append(_amp_skips(amp))
     return report
+
+
+def _no_torch_op_where_numpy_made_it(report: RunReport) -> None:
+    """A value numpy made (`np.log(counts)`, then `torch.from_numpy`) is rooted at numpy's
+    line, where no torch op ran: its op is the contract's empty string, not the
+    `lift_fresh` that wrapped the array lines later (numpy's function is in the cause)."""
+    for site in (report.root, report.event, *report.lineage):
+        if site is not None and site.facts.made_by_numpy:
+            site.op = ""
 
 
 def _amp_skips(amp: AmpScaling) -> str:

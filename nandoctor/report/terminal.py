@@ -200,7 +200,8 @@ def _kind(site: Site) -> str:
 
 
 def _site_heading(label: str, site: Site, width: int = 120) -> Text:
-    bits = [f"[bold]{label}:[/] [cyan]{escape(site.op or '(no op: value arrived non-finite)')}[/]", f"phase {site.phase}"]
+    op = site.op or ("(no torch op: made by numpy)" if site.facts.made_by_numpy else "(no op: value arrived non-finite)")
+    bits = [f"[bold]{label}:[/] [cyan]{escape(op)}[/]", f"phase {site.phase}"]
     if site.backward_node:
         bits.append(f"backward of [cyan]{escape(site.backward_node)}[/]")
     if site.module:

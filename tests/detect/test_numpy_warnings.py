@@ -153,6 +153,7 @@ def test_the_script_still_sees_numpys_warning_once_and_the_report_names_its_line
         "(x @ w).pow(2).mean().backward()\n")
     result = run_nandoctor(["run", "features.py"], tmp_path)
     assert result.code == 3 and result.report["root"]["location"]["line"] == 4
+    assert result.report["root"]["op"] == ""  # no torch op ran at numpy's line (lift_fresh came after)
     assert result.report["cause"]["id"] == "log_nonpositive"  # what numpy did, as the same torch op
     assert result.stderr.count("RuntimeWarning: divide by zero encountered in log") == 1
 
