@@ -710,9 +710,10 @@ def test_near_miss_cosh_of_moderate_residuals_of_either_sign_is_clean():
     assert stays_clean(lambda: torch.log(torch.cosh(torch.tensor([-60.0, 60.0]))).mean())
 
 
-def _layer_norm_by_hand_over_a_blank_row(rms_only: bool = False):
-    """ConvNeXt's channels-first LayerNorm, written out with its own names and no eps
-    (or, `rms_only`, an RMSNorm: no mean taken out), over a row of zeros."""
+def _layer_norm_by_hand_over_a_blank_row(norm: str = "layer"):
+    """ConvNeXt's channels-first LayerNorm, written out with its own names and no eps (or an
+    RMSNorm: no mean taken out, the root kept in a name; or an L2 normalisation: a sum of
+    squares, no mean), over a row of zeros."""
     h = torch.randn(3, 4, requires_grad=True) * torch.tensor([[1.0], [0.0], [1.0]])
 
     def layer_norm():
@@ -721,10 +722,13 @@ def _layer_norm_by_hand_over_a_blank_row(rms_only: bool = False):
         return ((h - u) / torch.sqrt(s)).sum()
 
     def rms_norm():
-        ms = h.pow(2).mean(-1, keepdim=True)
-        return (h / torch.sqrt(ms)).sum()
+        rms = h.pow(2).mean(-1, keepdim=True).sqrt()
+        return (h / rms * 2.0).sum()
 
-    return rms_norm if rms_only else layer_norm
+    def l2_normalise():
+        return (h / h.pow(2).sum(-1, keepdim=True).sqrt()).sum()
+
+    return {"layer": layer_norm, "rms": rms_norm, "l2": l2_normalise}[norm]
 
 
 def test_a_variance_written_out_under_any_name_is_a_zero_variance():
@@ -732,8 +736,15 @@ def test_a_variance_written_out_under_any_name_is_a_zero_variance():
     assert cause.id == "zero_variance"
 
 
-def test_near_miss_a_mean_of_squares_with_no_mean_taken_out_is_a_plain_division_by_zero():
-    assert cause_of(_layer_norm_by_hand_over_a_blank_row(rms_only=True)).id == "div_by_zero"
+def test_an_rms_norm_without_epsilon_is_a_zero_root_mean_square_as_its_rsqrt_spelling_is_zero_variance():
+    cause = cause_of(_layer_norm_by_hand_over_a_blank_row("rms"))
+    assert cause.id == "zero_variance" and "root mean square" in cause.title and "RMSNorm" in cause.fix
+    h = torch.zeros(2, 4, requires_grad=True)
+    assert cause_of(lambda: (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True))).sum()).id == "zero_variance"
+
+
+def test_near_miss_a_vector_divided_by_its_length_is_a_plain_division_by_zero():
+    assert cause_of(_layer_norm_by_hand_over_a_blank_row("l2")).id == "div_by_zero"
 
 
 def test_a_variance_as_sums_of_squares_minus_a_squared_sum_is_a_zero_variance():

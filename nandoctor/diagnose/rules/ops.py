@@ -320,20 +320,31 @@ _SPREAD = re.compile(r"\b(?:\w+_)?(std|var|sd|stdev|stddev|variance)(?:_\w+)?\b|
 
 
 def _divides_by_a_spread(ev: Evidence) -> bool:
-    """Does the line divide by a std, a variance or a max - min (which a constant makes 0)?
-    Read from the code when autograd did not record what made the divisor (no_grad): on
-    the line, or where the variable it divides by was assigned just above it
-    (`sigma = past.std()` then `(x - mu) / sigma`)."""
+    """Does the line divide by a std, a variance, a root mean square or a max - min (which
+    a constant, or for the root mean square an all-zero slice, makes 0)? Read from the code
+    when autograd did not record what made the divisor (no_grad): on the line, or where the
+    variable it divides by was assigned just above it (`sigma = past.std()` then
+    `(x - mu) / sigma`)."""
     divisor, location = _divisor(ev)
     if divisor is None:
         return False
-    if _SPREAD.search(divisor) or _VARIANCE_BY_HAND.search(divisor):
+    written = _divisor_as_written(divisor, location)
+    if _SPREAD.search(written) or _VARIANCE_BY_HAND.search(written) or _MEAN_SQUARE.search(written):
         return True
-    name = re.match(r"=?\s*\(?\s*(?:(?:torch\.)?sqrt\(\s*)?([A-Za-z_]\w*)\s*\)?\s*\)?\s*(?:$|[#,)\]+])", divisor)
-    if name:
-        assigned = _assigned_above(location.file, location.line, name.group(1))
-        return bool(_SPREAD.search(assigned) or _VARIANCE_BY_HAND.search(assigned))
-    return _a_range_of_names(divisor, location)
+    return written == divisor and _a_range_of_names(divisor, location)
+
+
+def _divisor_as_written(divisor: str, location) -> str:
+    """The divisor's text, or, where it is a name (`x / rms * w`), the value assigned to it above."""
+    name = re.match(r"=?\s*\(?\s*(?:(?:torch\.)?sqrt\(\s*)?([A-Za-z_]\w*)\s*\)?\s*\)?\s*(?:$|[#,)\]+*])", divisor)
+    if name and not (_SPREAD.search(divisor) or _VARIANCE_BY_HAND.search(divisor) or _MEAN_SQUARE.search(divisor)):
+        return _assigned_above(location.file, location.line, name.group(1))
+    return divisor
+
+
+def _divides_by_a_mean_square(ev: Evidence) -> bool:
+    divisor, location = _divisor(ev)
+    return divisor is not None and bool(_MEAN_SQUARE.search(_divisor_as_written(divisor, location)))
 
 
 # A variance written out: the mean of squared deviations (`(h - u).pow(2).mean(-1)`,
@@ -346,6 +357,12 @@ _VARIANCE_BY_HAND = re.compile(
     r"\([^()]*-[^()]*\)\s*(?:\*\*\s*2|\.pow\(\s*2\s*\)|\.square\(\s*\))\s*\)?\s*\.mean\("
     r"|-\s*(?:torch\.(?:pow|square)\(\s*" + _SUM_LIKE + r"\s*(?:,\s*2\s*)?\)"
     r"|" + _SUM_LIKE + r"\s*(?:\*\*\s*2|\.pow\(\s*2\s*\)|\.square\(\s*\)))")
+
+
+# A root mean square written out (RMSNorm by hand: `x.pow(2).mean(-1, keepdim=True).sqrt()`),
+# 0 over an all-zero slice (a padding row) as a std is over a constant one: the same
+# normalisation without its epsilon, whether spelled `x / rms` or `x * torch.rsqrt(ms)`.
+_MEAN_SQUARE = re.compile(r"(?:\*\*\s*2|\.pow\(\s*2\s*\)|\.square\(\s*\))\s*\)?\s*\.mean\(")
 
 
 def _divides_by_a_range(ev: Evidence) -> bool:
@@ -399,6 +416,16 @@ def zero_variance(ev: Evidence) -> Cause:
             f"{_out(ev)}.",
             "Guard the range: `(x - lo) / (hi - lo).clamp_min(eps)`, or skip the scaling where `hi == lo` "
             "(`torch.where(hi > lo, (x - lo) / (hi - lo), torch.zeros_like(x))`, with the safe divisor inside).",
+        )
+    if _divides_by_a_mean_square(ev):
+        return Cause(
+            "zero_variance",
+            "division by a zero root mean square",
+            f"At {ev.where} ({ev.code}) the denominator is a root mean square, sqrt(mean(x²)), that is 0 for slices "
+            f"that are all zero (padding rows, an embedding row of zeros, a dead channel), so the normalisation "
+            f"divides by zero: {_out(ev)}. An RMSNorm without its epsilon.",
+            "Add an epsilon inside the root: `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)`, or use "
+            "`torch.nn.RMSNorm(dim, eps=1e-6)`.",
         )
     return Cause(
         "zero_variance",
