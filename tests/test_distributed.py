@@ -12,6 +12,7 @@ order of events a launch leaves to chance is set here on purpose.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -358,6 +359,33 @@ class TestValuesACollectiveWrote:
             detector.values_received("all_gather", gathered, [mine])
             made = detector.records.get(mine)
             assert made is not None and detector.records.get(gathered[1]) is made
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _group_of_one(tmp_path):
+        torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            torch.distributed.destroy_process_group()
+
+    def test_tensors_an_object_collective_unpickled_were_received_from_a_peer(self, tmp_path):
+        # `all_gather_object` unpickles every rank's object, this rank's too: a copy, no record.
+        stats = {"inv_std": torch.tensor([1.0, float("inf")])}  # (made before the detector: a peer's)
+        gathered = [None]
+        with self._group_of_one(tmp_path), self._detector() as detector:
+            torch.distributed.all_gather_object(gathered, stats)
+            record = detector.records.get(gathered[0]["inv_std"])
+        assert record is not None and record.facts.received_from_peers
+        assert record.op == "torch.distributed.all_gather_object"
+
+    def test_near_miss_this_ranks_own_object_gathered_back_keeps_its_own_record(self, tmp_path):
+        gathered = [None]
+        with self._group_of_one(tmp_path), self._detector() as detector:
+            zero = torch.zeros(2)
+            mine = torch.ones(2) / zero  # this rank's own x/0
+            torch.distributed.all_gather_object(gathered, [mine])
+            assert detector.records.get(gathered[0][0]) is detector.records.get(mine) is not None
 
     def test_near_miss_a_lone_minus_inf_received_stays_a_sentinel(self):
         # A running max all_reduce'd with MAX from ranks that saw nothing yet: -inf, on purpose.

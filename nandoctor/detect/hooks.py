@@ -58,6 +58,24 @@ _COLLECTIVES_RECEIVING = ("all_reduce", "broadcast", "all_gather", "all_gather_i
                           "reduce", "all_to_all_single")
 
 
+# ...and those that pickle Python objects (tensors inside them too) and unpickle what the
+# other ranks sent into a list: the name -> (the received list's argument, the sent
+# object's argument), each as (position, keyword).
+_OBJECT_COLLECTIVES = {
+    "broadcast_object_list": ((0, "object_list"), None),
+    "all_gather_object": ((0, "object_list"), (1, "obj")),
+    "scatter_object_list": ((0, "scatter_object_output_list"), (1, "scatter_object_input_list")),
+    "gather_object": ((1, "object_gather_list"), (0, "obj")),
+}
+
+
+def _argument(args, kwargs, place):
+    if place is None:
+        return None
+    position, keyword = place
+    return args[position] if position < len(args) else kwargs.get(keyword)
+
+
 class TrainingHooks:
     def __init__(self, observer) -> None:
         self.observer = observer
@@ -108,6 +126,9 @@ class TrainingHooks:
                 for name in _COLLECTIVES_RECEIVING:
                     if hasattr(torch.distributed, name):
                         self._patch(torch.distributed, name, self._wrap_collective, training_thread_only=True)
+                for name in _OBJECT_COLLECTIVES:
+                    if hasattr(torch.distributed, name):
+                        self._patch(torch.distributed, name, self._wrap_object_collective, training_thread_only=True)
             self._patch(torch, "load", self._wrap_load, training_thread_only=True)
         if self.observer.watches_data:
             self._patch(dataloader_module.DataLoader, "__iter__", self._wrap_iter, training_thread_only=True)
@@ -448,6 +469,25 @@ class TrainingHooks:
             return obj
 
         return load
+
+    def _wrap_object_collective(self, original):
+        """`broadcast_object_list([mean, inv_std], src=0)`: the tensors unpickled into the list
+        came from the rank that sent them, as a tensor collective's values do (on the sending
+        rank they are its own objects, whose records say what made them)."""
+        observer = self.observer
+        name = original.__name__
+        received_at, sent_at = _OBJECT_COLLECTIVES[name]
+
+        @functools.wraps(original)
+        def object_collective(*args, **kwargs):
+            result = original(*args, **kwargs)
+            received = _argument(args, kwargs, received_at)
+            if received is not None:
+                sent = _argument(args, kwargs, sent_at)
+                observer.values_received(name, received, [] if sent is None else [sent])
+            return result
+
+        return object_collective
 
     def _wrap_collective(self, original):
         """What a collective wrote into its first argument came from the other ranks (once
