@@ -464,7 +464,7 @@ class ModuleTracker:
 
     def _name_tree(self, root: torch.nn.Module) -> str:
         compiled = getattr(root, "_orig_mod", None) if type(root).__name__ == "OptimizedModule" else None
-        root_name = type(compiled if isinstance(compiled, torch.nn.Module) else root).__name__
+        root_name = _keras_layer_name(root) or type(compiled if isinstance(compiled, torch.nn.Module) else root).__name__
         for qualname, sub in root.named_modules():
             if sub is not root:
                 self._names[sub] = _without_compile_wrappers(qualname) or root_name
@@ -474,6 +474,15 @@ class ModuleTracker:
         for qualname, tensor in (*root.named_parameters(), *root.named_buffers()):
             self._parameter_names[tensor] = _without_compile_wrappers(qualname)
         return root_name
+
+
+def _keras_layer_name(module: torch.nn.Module) -> str | None:
+    """A Keras 3 layer's own name (`gem`, `dense_1`) on the torch backend: its layers are
+    torch modules a functional Model keeps in its own lists, not as submodules, so each
+    is a root of its own; the name the user gave or sees in `model.summary()` says which."""
+    name = getattr(module, "name", None)
+    keras = any(cls.__module__.startswith("keras.") for cls in type(module).__mro__)
+    return name if keras and isinstance(name, str) and name else None
 
 
 def _without_compile_wrappers(qualname: str) -> str:

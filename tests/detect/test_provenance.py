@@ -5,6 +5,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 
 from nandoctor.detect.provenance import SourceLocator
 
@@ -134,3 +135,25 @@ def test_a_read_whose_value_the_next_lines_test_is_read_to_be_checked(line, test
     from nandoctor.detect.provenance import _tested_right_after
 
     assert _tested_right_after(TESTED_AFTER.splitlines(keepends=True), line) is tested
+
+
+def test_a_keras_layer_called_on_its_own_is_named_by_its_keras_name():
+    # Keras 3 on torch: a functional Model keeps its layers in its own lists, not as
+    # submodules, so each layer is a root; its `name` is what model.summary() shows.
+    from nandoctor.detect.provenance import ModuleTracker
+
+    keras_layer = type("Layer", (torch.nn.Module,), {"__module__": "keras.src.layers.layer"})
+    gem = type("GeMPooling2D", (keras_layer,), {"forward": lambda self, x: x.pow(3)})()
+    gem.name = "gem"
+    plain = type("GeMPooling2D", (torch.nn.Module,), {"forward": lambda self, x: x.pow(3)})()
+    plain.name = "gem"  # (a torch module's attribute of that name is no Keras name)
+    tracker = ModuleTracker()
+    seen = []
+    tracker.install()
+    try:
+        for module in (gem, plain):
+            module.register_forward_pre_hook(lambda m, args: seen.append(tracker.current))
+            module(torch.ones(2))
+    finally:
+        tracker.uninstall()
+    assert seen == ["gem", "GeMPooling2D"]
