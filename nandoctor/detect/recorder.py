@@ -237,7 +237,7 @@ class Recorder:
             source = source or record
         if source is None or bool(torch.isnan(out).any()):
             return None
-        if _uses_entries_as_numbers(func, args):
+        if _uses_entries_as_numbers(func, args) or base_name(func).rstrip("_") in _MAPS_MINUS_INF_TO_FINITE:
             return None
         return source
 
@@ -575,6 +575,12 @@ _REDUCES_ENTRIES = frozenset((
 # ...and ops that add their first input to a product of the others (`addmm(bias, x, w)`):
 # a mask in the added input is passed on, one in a factor is used as a number.
 _ADDS_A_PRODUCT = frozenset(("addmm", "baddbmm", "addbmm", "addmv", "addr"))
+
+
+# Ops that make a finite value of a -inf mask (exp(-inf) = 0): an Inf in their output is
+# not the mask passed on but made there (`torch.exp(masked_scores)` of a score past 88.7,
+# a softmax by hand over a masked row), or a +inf sentinel used as a number.
+_MAPS_MINUS_INF_TO_FINITE = frozenset(("exp", "exp2", "expm1", "special_exp2", "special_expm1"))
 
 
 def _uses_entries_as_numbers(func, args) -> bool:

@@ -1449,6 +1449,24 @@ class TestMasksPassedOn:
         assert result.stopped and result.detection.root.op == "aten.mean.dim"
         assert result.detection.root.facts.inf_written_at is not None
 
+    @staticmethod
+    def _softmax_by_hand_over_masked_scores(stable: bool):
+        def pool():
+            scores = torch.tensor([[88.8, 1.0, 0.0]], requires_grad=True)
+            z = scores.masked_fill(torch.tensor([[False, False, True]]), float("-inf"))
+            w = torch.exp(z - z.max(1, keepdim=True).values if stable else z)  # MARK-exp-masked
+            (w / w.sum(1, keepdim=True)).sum().backward()
+
+        return pool
+
+    def test_an_exp_of_masked_scores_that_overflows_made_its_inf_not_the_mask(self):
+        # exp(-inf) = 0: the mask is gone there; the +inf is exp(88.8), made at the exp.
+        d = detect(self._softmax_by_hand_over_masked_scores(stable=False)).detection
+        assert d.root.op == "aten.exp.default" and d.root.location.line == line_of("MARK-exp-masked")
+
+    def test_near_miss_the_same_softmax_by_hand_with_the_max_taken_out_is_clean(self):
+        assert not detect(self._softmax_by_hand_over_masked_scores(stable=True)).stopped
+
     def test_a_mask_whose_sign_flips_on_the_way_to_the_loss_is_still_the_mask(self):
         def picked():
             logits = torch.randn(2, 4, requires_grad=True)
