@@ -363,11 +363,13 @@ class TestValuesACollectiveWrote:
     @staticmethod
     @contextlib.contextmanager
     def _group_of_one(tmp_path):
+        hook = sys.excepthook  # (init_process_group wraps it to prefix "[rank0]:", for good)
         torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
         try:
             yield
         finally:
             torch.distributed.destroy_process_group()
+            sys.excepthook = hook
 
     def test_tensors_an_object_collective_unpickled_were_received_from_a_peer(self, tmp_path):
         # `all_gather_object` unpickles every rank's object, this rank's too: a copy, no record.
