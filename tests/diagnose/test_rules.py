@@ -549,11 +549,16 @@ class TestExpAndOverflow:
         cause = cause_of(lambda: (torch.rand(2) / torch.exp(a)).sum().backward())
         assert "learning rate" not in cause.explanation and cause.fix.startswith("Subtract the max")
 
-    def test_exp_in_float16_is_clamped_to_its_own_range_or_computed_in_float32(self):
+    def test_exp_in_float16_of_a_value_float32_holds_is_a_float16_overflow(self):
         a = torch.nn.Parameter(torch.tensor([12.0, 1.0], dtype=torch.float16))  # exp(12) > 65504
         cause = cause_of(lambda: (torch.rand(2, dtype=torch.float16) / torch.exp(a)).sum().backward())
-        assert cause.id == "exp_overflow" and "11.09" in cause.explanation
-        assert "x.clamp(max=11)" in cause.fix and "float32" in cause.fix and "max=80" not in cause.fix
+        assert cause.id == "fp16_overflow" and "11.09" in cause.title and "finite in float32" in cause.explanation
+        assert "x.float()" in cause.fix and "max=80" not in cause.fix
+
+    def test_near_miss_exp_in_float16_past_float32s_range_too_is_an_exp_overflow(self):
+        a = torch.nn.Parameter(torch.tensor([100.0, 1.0]))
+        cause = cause_of(lambda: (torch.rand(2, dtype=torch.float16) / torch.exp(a.half())).sum().backward())
+        assert cause.id == "exp_overflow" and "x.clamp(max=11)" in cause.fix
 
     def test_near_miss_exp_of_80_is_fine(self):
         assert stays_clean(lambda: torch.exp(torch.tensor([80.0])) / 2)
@@ -1568,3 +1573,28 @@ def test_near_miss_a_single_zero_divisor_is_not_given_the_empty_mask_example():
     grad = torch.randn(3)
     cause = cause_of(lambda: grad / torch.zeros(()))
     assert cause.id == "div_by_zero" and "empty mask" not in cause.explanation
+
+
+def _overflow_at_step_81_after(losses):
+    """A Linear that overflows at step 81 on inputs of 1.6e33, after the `losses` of the
+    steps before it (the history a run keeps)."""
+    from nandoctor.detect.result import History
+
+    huge = TensorSummary("mat1", (4, 8), "float32", -1.6e33, 1.6e33, 0, 0, 0, 0, 16, 32)
+    out = TensorSummary("output", (4, 2), "float32", None, None, 0, 8, 0, 0, 0, 8)
+    root = Site("aten.addmm.default", "forward", Location("train.py", 30, "forward", "return self.fc(x)"),
+                output=out, inputs=[huge], step=81)
+    history = History(list(range(81 - len(losses), 81)), losses, [None] * len(losses))
+    return build_report("train.py", exit_code=3, detection=Detection(StopReason.OP_MADE_INF, root, root, [root]),
+                        step=81, history=history).cause
+
+
+def test_an_overflow_long_after_a_divergence_the_loss_seemed_to_recover_from_is_exploding():
+    # StepLR(gamma=10): the loss spiked at step 78, came back down, the weights stayed huge.
+    cause = _overflow_at_step_81_after([0.11, 0.10, 0.12, 5.6e20, 300.0, 160.0])
+    assert cause.id == "exploding_gradient" and "spiked to 5.600e+20 at step 78" in cause.explanation
+    assert "gamma" in cause.fix
+
+
+def test_near_miss_the_same_overflow_after_a_steady_loss_is_no_divergence():
+    assert _overflow_at_step_81_after([0.11, 0.10, 0.12, 0.11, 0.10, 0.09]).id != "exploding_gradient"

@@ -155,10 +155,11 @@ def _blown_up_by_an_update(ev: Evidence) -> Cause | None:
     values no data reaches. Only the update can have put them there."""
     losses = [v for v in ev.history.loss if v is not None]
     largest = _largest_input(ev)
-    if ev.root.phase != "forward" or not ev.step or ev.step > _FIRST_UPDATES or not losses or not all(math.isfinite(v) for v in losses) \
-            or abs(losses[-1]) > 1e6 or not ev.made_inf() or not ev.inputs_finite() \
-            or largest is None or largest < _ASTRONOMICAL:
+    if ev.root.phase != "forward" or not ev.step or not losses or not all(math.isfinite(v) for v in losses) \
+            or not ev.made_inf() or not ev.inputs_finite() or largest is None or largest < _ASTRONOMICAL:
         return None
+    if ev.step > _FIRST_UPDATES or abs(losses[-1]) > 1e6:
+        return _blown_up_after_a_spike(ev, losses, largest)
     norms = [v for v in ev.history.grad_norm if v is not None and math.isfinite(v)]
     return Cause(
         "exploding_gradient",
@@ -170,6 +171,33 @@ def _blown_up_by_an_update(ev: Evidence) -> Cause | None:
         "another optimizer: Adam moves each weight by about lr per step).",
         "Check the learning rate (for Adam, 1e-4 to 1e-3 is typical; for SGD it depends on the input scale), warm it "
         "up from a small value, and clip gradients before the step: "
+        "`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`.",
+    )
+
+
+# A loss this many times its early level, some steps before the overflow: a divergence the
+# run seemed to recover from (a learning rate that a schedule multiplies, StepLR's gamma=10
+# for 0.1), which left the weights at a scale no data reaches.
+_SPIKE = 1e6
+
+
+def _blown_up_after_a_spike(ev: Evidence, losses: list[float], largest: float) -> Cause | None:
+    early = min(abs(v) for v in losses[:3]) or min((abs(v) for v in losses if v), default=0.0)
+    peak_at = max(range(len(losses) - 1), key=lambda i: abs(losses[i]), default=None)
+    if not early or peak_at is None or abs(losses[peak_at]) < _SPIKE * early:
+        return None
+    steps = ev.history.steps
+    when = f"step {steps[peak_at]}" if peak_at < len(steps) else "an earlier step"
+    return Cause(
+        "exploding_gradient",
+        "the weights blew up in an earlier divergence: the learning rate is too large",
+        f"The loss spiked to {fmt(losses[peak_at])} at {when}, {fmt(abs(losses[peak_at]) / early)}x the "
+        f"{fmt(early)} it was before, then came back down to {fmt(losses[-1])}; {_when(ev).lower()} `{ev.op}` at {ev.where} "
+        f"({ev.code}) takes values as large as {fmt(largest)} and overflows {ev.dtype}. No data is at that scale: "
+        "the divergence threw the weights out of range and they stayed there. Typical of a learning rate a "
+        "schedule keeps raising (StepLR's `gamma` typed 10 for 0.1) or one far too large for the inputs.",
+        "Check the learning rate and its schedule (print `optimizer.param_groups[0]['lr']` per epoch; a decay's "
+        "gamma is below 1), and clip gradients before the step: "
         "`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`.",
     )
 

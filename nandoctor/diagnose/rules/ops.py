@@ -526,6 +526,8 @@ def exp_overflow(ev: Evidence) -> Cause | None:
         return None
     blew_up = _weights_blew_up(ev, peak)
     largest = "largest magnitude of an input" if hyperbolic else "largest input"
+    if ev.dtype == "float16" and peak <= EXP_LIMIT["float32"] * 0.99 and not blew_up:
+        return _exp_past_float16(ev, peak, largest)
     return Cause(
         "exp_overflow",
         f"{ev.op} overflow: inputs {'beyond ±' if hyperbolic else 'above '}{limit} in {ev.dtype}",
@@ -539,6 +541,21 @@ def exp_overflow(ev: Evidence) -> Cause | None:
                       "Subtract the max before exponentiating (`torch.softmax`, `torch.logsumexp`, `F.log_softmax` "
                       "do it for you), keep the computation in log space (`c * torch.exp(-a)` as "
                       f"`torch.exp(torch.log(c) - a)`), or {_exp_clamp(ev.dtype)}")),
+    )
+
+
+def _exp_past_float16(ev: Evidence, peak: float, largest: str) -> Cause:
+    """exp of a moderate value (11.1 to 88) in float16 (autocast, `model.half()`): finite in
+    float32, past float16's 65504: the dtype overflowed, not the formula."""
+    return Cause(
+        "fp16_overflow",
+        f"{ev.op} overflows float16: inputs above {EXP_LIMIT['float16']}",
+        f"At {ev.where} ({ev.code}) the {largest} to {ev.op} is {fmt(peak)}: exp of it is {fmt(math.exp(peak))}, "
+        f"finite in float32 but past float16's largest value, 65504, reached at exp({EXP_LIMIT['float16']}) "
+        f"({_out(ev)}). Under float16 (autocast or `.half()`) a softmax or an exp by hand overflows where float32 "
+        "would not.",
+        "Subtract the max before exponentiating (`torch.softmax` / `torch.logsumexp` do it, and autocast runs them "
+        "in float32), or compute the exp in float32: `torch.exp(x.float())`; bfloat16 has float32's range.",
     )
 
 
