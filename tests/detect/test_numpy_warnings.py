@@ -80,8 +80,12 @@ def test_a_mean_of_an_empty_selection_is_found_at_the_scripts_line_not_inside_nu
                 means = np.array([ratings[users == u].mean() for u in range(3)])  # MARK-mean
         read_back(torch.from_numpy(means) + 1)
 
-    root = detect(user_means).detection.root
+    result = detect(user_means)
+    root = result.detection.root
     assert root.location.line == _line("MARK-mean") and "divide" in root.facts.made_by_numpy
+    cause = build_report("t.py", exit_code=3, detection=result.detection, step=None,
+                         history=result.detector.history()).cause
+    assert cause.id == "div_by_zero" and "0/0 or inf/inf" in cause.explanation  # (numpy's NaN of a division)
 
 
 def test_errstate_is_numpys_own_and_the_scripts_callback_is_kept():

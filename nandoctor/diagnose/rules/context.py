@@ -333,6 +333,8 @@ def _numpy_cause(message: str, code: str | None) -> tuple[str, str]:
     function = message.rsplit(" encountered in ", 1)[1] if " encountered in " in message else None
     for pattern, cause_id, what in _NUMPY_CAUSES:
         if pattern.search(function or code or ""):
+            if cause_id == "div_by_zero" and message.startswith("invalid value"):
+                what = "a division 0/0 or inf/inf"  # (numpy's NaN of a division: it does not say which)
             return cause_id, what
     return "nonfinite_input_data", message
 
