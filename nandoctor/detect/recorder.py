@@ -92,6 +92,9 @@ class Recorder:
         inputs = [_summary(name, value, name == overwritten, before) for name, value in named] if origin else []
         if origin:
             _add_origin_facts(facts, func, args, kwargs, tensors)
+            # (a mask's -inf summed, averaged or multiplied, not passed on: see passed_on_intended)
+            facts.combined_written_inf = any(p.facts.written_on_purpose for p in parents) \
+                and _uses_entries_as_numbers(func, args)
             if facts.loads_parameter or (func._schema.name.endswith("copy_") and self._is_buffer(args[0])):
                 # (load_state_dict copies into parameters and buffers: a BatchNorm's running_var)
                 facts.loads_parameter, facts.parameter = True, self.parameter_ref(args[0])

@@ -148,6 +148,7 @@ class SiteFacts:
     inf_written_at: Location | None = None  # where the intended Inf this op consumed was written
     inf_written_by: str | None = None  # ...the op that wrote it, when it has no user line
     mask_overflowed: bool = False  # a finite mask (finfo.min, -1e9) this op pushed past the range: -inf, a mask still
+    combined_written_inf: bool = False  # a sum, mean or matrix product over entries holding an Inf written on purpose
     batch: BatchOrigin | None = None
     device_flag: DeviceFlag | None = None  # seen by a device-side flag: values not kept
     gradient_leak_through: str | None = None  # the backward node that turned this op's Inf into NaN
@@ -188,7 +189,7 @@ class SiteFacts:
                 out["parameter_buffer"] = True
         for key in ("loads_parameter", "writes_parameter", "parameter_before_step", "masked", "absorbed", "entered", "written_by_optimizer", "untracked_input",
                     "user_backward", "written_on_purpose", "own_optimizer", "scaled_gradient_stepped", "mask_overflowed",
-                    "optimizer_made_here", "received_from_peers", "made_out_of_sight"):
+                    "optimizer_made_here", "received_from_peers", "made_out_of_sight", "combined_written_inf"):
             if getattr(self, key):
                 out[key] = True
         for key in ("optimizer", "inf_written_by", "device_flag", "gradient_leak_through", "exponent",

@@ -12,9 +12,6 @@ from nandoctor.stats import TensorSummary
 
 # Largest x whose exp(x) is finite, per dtype (log of the dtype's max).
 EXP_LIMIT = {"float32": 88.72, "float16": 11.09, "bfloat16": 88.72, "float64": 709.78}
-# (detect/recorder.py's `_REDUCES_ENTRIES`, by the name a report shows)
-_COMBINES_ENTRIES = re.compile(r"(sum|mean|nansum|nanmean|prod|cumsum|cumprod|mm|bmm|matmul|dot|vdot|mv|addmm|baddbmm|"
-                               r"addbmm|addmv|addr|linalg_vector_norm|norm|std|var|std_mean|var_mean|trace)_?$")
 FLOAT_MAX = {"float32": 3.4028e38, "float16": 65504.0, "bfloat16": 3.3895e38, "float64": 1.7977e308}
 
 
@@ -95,11 +92,6 @@ class Evidence:
 
     def made_inf(self) -> bool:
         return bool(self.output and (self.output.posinf or self.output.neginf))
-
-    def combines_entries(self) -> bool:
-        """Is the root a forward op that makes one number of many entries (a sum, a mean, a
-        matrix product), where an infinite entry makes the result infinite?"""
-        return self.root.phase != "backward" and bool(_COMBINES_ENTRIES.match(self.op or ""))
 
 
 def fmt(x: float | None) -> str:

@@ -403,7 +403,7 @@ def _written_by_the_function_the_line_calls(ev: Evidence) -> bool:
     """The root combined entries (a sum) one of which an Inf written on the same line, by a
     function the line calls (`kl_divergence` writes +inf and sums it): the function's value."""
     written, here = ev.facts.inf_written_at, ev.root.location
-    return ev.combines_entries() and written is not None and here is not None \
+    return ev.facts.combined_written_inf and written is not None and here is not None \
         and (written.file, written.line) == (here.file, here.line) and not ev.facts.entered and not _writes_a_special_value(ev.code)
 
 

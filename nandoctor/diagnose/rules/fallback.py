@@ -324,7 +324,7 @@ def _masked_entries_reduced(ev: Evidence, born: str | None) -> Cause | None:
     purpose, then combined with the other entries instead of vanishing in a softmax, a max
     or a `where`."""
     masked = next((s for s in ev.root.inputs if s.neginf or s.posinf), None)
-    if not born or masked is None or ev.made_nan() or not ev.combines_entries():
+    if not born or masked is None or ev.made_nan() or not ev.facts.combined_written_inf:
         return None
     return Cause(
         "inf_arithmetic",

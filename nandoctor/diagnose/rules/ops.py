@@ -329,17 +329,14 @@ def _divides_by_a_spread(ev: Evidence) -> bool:
     if divisor is None:
         return False
     written = _divisor_as_written(divisor, location)
-    if _SPREAD.search(written) or _VARIANCE_BY_HAND.search(written) or _MEAN_SQUARE.search(written):
-        return True
-    return written == divisor and _a_range_of_names(divisor, location)
+    return bool(_SPREAD.search(written) or _VARIANCE_BY_HAND.search(written) or _MEAN_SQUARE.search(written)) \
+        or _a_range_of_names(divisor, location)
 
 
 def _divisor_as_written(divisor: str, location) -> str:
-    """The divisor's text, or, where it is a name (`x / rms * w`), the value assigned to it above."""
+    """The divisor's text and, where it is a name (`x / rms * w`), the value assigned to it above."""
     name = re.match(r"=?\s*\(?\s*(?:(?:torch\.)?sqrt\(\s*)?([A-Za-z_]\w*)\s*\)?\s*\)?\s*(?:$|[#,)\]+*])", divisor)
-    if name and not (_SPREAD.search(divisor) or _VARIANCE_BY_HAND.search(divisor) or _MEAN_SQUARE.search(divisor)):
-        return _assigned_above(location.file, location.line, name.group(1))
-    return divisor
+    return divisor + (" " + _assigned_above(location.file, location.line, name.group(1)) if name else "")
 
 
 def _divides_by_a_mean_square(ev: Evidence) -> bool:
